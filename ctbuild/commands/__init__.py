@@ -1,0 +1,1 @@
+"""One module per ``ctbuild`` subcommand, each with ``add_parser(sub, name, summary)``."""

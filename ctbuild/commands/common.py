@@ -1,0 +1,55 @@
+"""Options and error handling shared by the subcommands."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from ..config import ConfigError, Project, load_project
+from ..declare import DeclarationError
+from ..toolchain import ToolchainError
+
+#: Exit code for bad input (declarations, config, flags), as argparse uses.
+EXIT_USAGE = 2
+
+
+def add_project_args(parser: argparse.ArgumentParser, *, archs: bool = True,
+                     cache: bool = True) -> None:
+    parser.add_argument("--config", metavar="PATH",
+                        help="ctbuild.toml or pyproject.toml with [tool.ctbuild] "
+                             "(default: found in the current directory)")
+    if archs:
+        parser.add_argument("--arch", metavar="LIST",
+                            help="target archs, comma-separated, e.g. sm_90,sm_100 "
+                                 "(default: the config's archs)")
+    if cache:
+        parser.add_argument("--cache", metavar="DIR",
+                            help="cache directory (default: $CTBUILD_CACHE_DIR, else the "
+                                 "config's cache_dir, else ./.ctbuild-cache)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def project_from_args(args: argparse.Namespace) -> Project:
+    return load_project(args.config, archs=getattr(args, "arch", None),
+                        cache_dir=getattr(args, "cache", None))
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"ctbuild: error: {message}", file=sys.stderr)
+    return code
+
+
+def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn the errors users cause into one clear line and exit 2, not a traceback."""
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except (ConfigError, DeclarationError, ToolchainError) as exc:
+            return fail(str(exc))
+    return wrapper

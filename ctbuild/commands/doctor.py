@@ -1,0 +1,99 @@
+"""``ctbuild doctor``: is this machine able to build, tune or serve, and if not, why."""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, load_project
+from ..toolchain import ToolchainError, cuda_home_problem, cutile_version, find_tileiras, probe
+from .common import print_json
+
+EPILOG = """\
+exit status: 0 when the toolchain works and the cache dir is writable, 1 otherwise.
+A GPU is reported, never required (builds run on CPU machines).
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
+    p = sub.add_parser(name, help=summary, description=summary, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="PATH", help="config file whose cache_dir to check")
+    p.add_argument("--cache", metavar="DIR", help="cache directory to check")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def _gpu() -> dict[str, Any]:
+    """GPU visibility through the CUDA driver, without torch (it may not be installed)."""
+    try:
+        from cuda.tile._cext import get_compute_capability
+        major, minor = get_compute_capability(0)
+        return {"visible": True, "arch": f"sm_{major}{minor}"}
+    except Exception as exc:  # no libcuda, no device: both are normal on a build machine
+        return {"visible": False, "reason": str(exc).splitlines()[0] if str(exc) else
+                type(exc).__name__}
+
+
+def _cache_dir(args: argparse.Namespace) -> Path:
+    if args.cache or os.environ.get("CTBUILD_CACHE_DIR"):
+        return Path(args.cache or os.environ["CTBUILD_CACHE_DIR"]).resolve()
+    try:
+        return load_project(args.config).cache_dir
+    except ConfigError:
+        return Path(".ctbuild-cache").resolve()
+
+
+def _writable(path: Path) -> tuple[bool, str]:
+    probe_dir = path if path.exists() else next((p for p in path.parents if p.exists()), path)
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe_dir):
+            return True, "writable"
+    except OSError as exc:
+        return False, f"not writable: {exc.strerror}"
+
+
+def run(args: argparse.Namespace) -> int:
+    report: dict[str, Any] = {"cuda_tile": cutile_version(), "problems": []}
+    try:
+        path, uses_home = find_tileiras()
+        report["tileiras"] = {"path": path, "uses_cuda_home": uses_home}
+        tc = probe()
+        report["toolchain"] = {"fingerprint": tc.fingerprint, "paths": tc.paths,
+                               "tileiras": tc.profile["tileiras"].splitlines()[-2:],
+                               "bytecode_version": tc.profile["bytecode_version"],
+                               "env": tc.profile["env"]}
+    except ToolchainError as exc:
+        report["problems"].append(f"toolchain: {exc}")
+    if (problem := cuda_home_problem()):
+        report["problems"].append(problem)
+    report["cuda_home"] = os.environ.get("CUDA_HOME")
+    report["gpu"] = _gpu()
+    cache = _cache_dir(args)
+    ok, why = _writable(cache)
+    report["cache"] = {"dir": str(cache), "writable": ok, "status": why}
+    if not ok:
+        report["problems"].append(f"cache dir {cache} is {why}: precompile and tune need to "
+                                  "write; serving can use it read-only")
+    if args.json:
+        print_json(report)
+    else:
+        print(f"cuda-tile      {report['cuda_tile']}")
+        if "toolchain" in report:
+            t = report["toolchain"]
+            print(f"tileiras       {t['paths']['tileiras']}")
+            print(f"ptxas          {t['paths']['ptxas']}")
+            print(f"libnvvm        {t['paths']['libnvvm']}")
+            print(f"version        {' '.join(t['tileiras'])}")
+            print(f"bytecode       {t['bytecode_version']}")
+            print(f"fingerprint    {t['fingerprint']}")
+        print(f"CUDA_HOME      {report['cuda_home'] or '(unset)'}")
+        gpu = report["gpu"]
+        print(f"GPU            {gpu['arch'] if gpu['visible'] else 'none (' + gpu['reason'] + ')'}")
+        print(f"cache          {cache} ({why})")
+        for p in report["problems"]:
+            print(f"PROBLEM: {p}")
+        print("ok" if not report["problems"] else f"{len(report['problems'])} problem(s)")
+    return 0 if not report["problems"] else 1

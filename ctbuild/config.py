@@ -1,0 +1,105 @@
+"""Project configuration: ``ctbuild.toml`` or ``[tool.ctbuild]`` in ``pyproject.toml``.
+
+Precedence: command-line flags > ``CTBUILD_CACHE_DIR`` (cache dir only) > the file > defaults.
+Relative paths in the file are relative to the file, so a build works from any directory.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .arch import Arch, parse_archs
+from .declare import DEFAULT_CAP, TunedKernel, registered
+
+DEFAULT_CACHE_DIR = ".ctbuild-cache"
+_KEYS = {"modules": list, "archs": list, "cache_dir": str, "cap": int, "paths": list}
+
+
+class ConfigError(ValueError):
+    """The config file is missing, malformed, or names things that do not exist."""
+
+
+@dataclass
+class Project:
+    """A loaded configuration: where things are and what to build."""
+    path: Path | None
+    modules: list[str] = field(default_factory=list)
+    archs: list[Arch] = field(default_factory=lambda: [Arch("sm_90")])
+    cache_dir: Path = Path(DEFAULT_CACHE_DIR)
+    cap: int = DEFAULT_CAP
+    paths: list[Path] = field(default_factory=list)
+
+    def kernels(self) -> list[TunedKernel]:
+        """Import the configured modules and return the kernels they declare."""
+        for p in reversed(self.paths):
+            if str(p) not in sys.path:
+                sys.path.insert(0, str(p))
+        for name in self.modules:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise ConfigError(f"{self.where}: cannot import module {name!r}: {exc} "
+                                  f"(searched {', '.join(map(str, self.paths)) or 'sys.path'})"
+                                  ) from exc
+        found = [k for k in registered() if k.module in self.modules]
+        if not found:
+            raise ConfigError(f"{self.where}: modules {self.modules} declare no "
+                              "@ctbuild.autotune kernel")
+        return found
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path else "configuration"
+
+
+def _discover(start: Path) -> Path | None:
+    for name in ("ctbuild.toml", "pyproject.toml"):
+        candidate = start / name
+        if candidate.is_file() and (name == "ctbuild.toml" or "[tool.ctbuild]" in
+                                    candidate.read_text(errors="replace")):
+            return candidate
+    return None
+
+
+def load_project(path: str | os.PathLike | None = None, *, archs: str | None = None,
+                 cache_dir: str | None = None, cap: int | None = None) -> Project:
+    """Read the config file (or discover one in the current directory) and apply overrides."""
+    file = Path(path) if path else _discover(Path.cwd())
+    table: dict[str, Any] = {}
+    if file is not None:
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist")
+        try:
+            data = tomllib.loads(file.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
+        table = data.get("tool", {}).get("ctbuild") if file.name == "pyproject.toml" else data
+        if table is None:
+            raise ConfigError(f"{file}: has no [tool.ctbuild] table")
+        for k, v in table.items():
+            if k not in _KEYS:
+                raise ConfigError(f"{file}: unknown key {k!r}; known keys: {', '.join(_KEYS)}")
+            if not isinstance(v, _KEYS[k]) or isinstance(v, bool):
+                raise ConfigError(f"{file}: {k!r} must be a {_KEYS[k].__name__}, got {v!r}")
+    base = file.parent.resolve() if file else Path.cwd()
+    project = Project(path=file)
+    project.modules = [str(m) for m in table.get("modules", [])]
+    project.paths = [(base / p).resolve() for p in table.get("paths", ["."])]
+    try:
+        project.archs = parse_archs(archs or table.get("archs") or ["sm_90"])
+    except ValueError as exc:
+        raise ConfigError(f"{project.where}: {exc}") from exc
+    project.cap = cap if cap is not None else int(table.get("cap", DEFAULT_CAP))
+    if project.cap < 1:
+        raise ConfigError(f"{project.where}: cap must be >= 1, got {project.cap}")
+    chosen = cache_dir or os.environ.get("CTBUILD_CACHE_DIR") or table.get("cache_dir")
+    project.cache_dir = (base / chosen).resolve() if chosen and not cache_dir and \
+        not os.environ.get("CTBUILD_CACHE_DIR") else Path(chosen or DEFAULT_CACHE_DIR).resolve()
+    if not project.modules:
+        raise ConfigError(f"{project.where}: no modules to import; set modules = [\"pkg.kernels\"]")
+    return project

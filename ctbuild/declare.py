@@ -1,0 +1,281 @@
+"""The declaration API: ``@ctbuild.autotune(...)`` over a ``@ct.kernel``.
+
+Everything the build needs is declared next to the kernel: the search space, how a config maps
+to grid/args/hints, the tuning key, the default config and the workloads. All the functions
+receive the call arguments as a `Workload` (``w.A``), so one definition serves specs at build
+time and real tensors at run time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import cuda.tile as ct
+
+from .arch import Arch
+from .fingerprint import kernel_fingerprint
+from .keys import key as default_key_fn, resolve_hints
+from .space import (HINT_NAMES, Config, Space, UnknownAxisError, as_space, call_constraint,
+                    cap_configs)
+from .specs import Workload
+
+DEFAULT_CAP = 30
+
+
+class DeclarationError(ValueError):
+    """A declaration is wrong; the message names the kernel and the problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """The configs of one (kernel, workload, arch): all, after the constraint, after the cap."""
+    total: int
+    pruned: list[Config]
+    kept: list[Config]
+    default: Config
+
+
+def _as_workload(value: Workload | Mapping[str, Any]) -> Workload:
+    return value if isinstance(value, Workload) else Workload(dict(value))
+
+
+class TunedKernel:
+    """A cuTile kernel with its search space, workloads and tuning policy.
+
+    Call it like a function (``matmul(a, b, c)``) to launch the tuned config on the current
+    torch stream, or ``matmul.launch(stream, a, b, c)``.
+    """
+
+    def __init__(self, kernel: Any, *, space: Any, grid: Callable[[Config, Workload], tuple],
+                 args: Callable[[Config, Workload], tuple] | None, hints: Callable | None,
+                 key: Callable[[Workload], tuple] | None,
+                 default: Mapping[str, Any] | Callable[[Workload], Mapping[str, Any]] | None,
+                 workloads: Iterable[Workload | Mapping[str, Any]], restore: Sequence[str],
+                 reset_to_zero: Sequence[str], params: Sequence[str] | None,
+                 cap: int | None, name: str | None) -> None:
+        if not isinstance(kernel, ct.kernel):
+            raise DeclarationError(
+                f"@ctbuild.autotune must be applied over a @ct.kernel, got {kernel!r}; "
+                "put @ctbuild.autotune(...) above @ct.kernel")
+        self.kernel = kernel
+        self.pyfunc = kernel._pyfunc
+        self.name = name or self.pyfunc.__name__
+        self.module = self.pyfunc.__module__
+        functools.update_wrapper(self, self.pyfunc)
+        try:
+            self.space: Space = as_space(space)
+        except (TypeError, ValueError) as exc:
+            raise self.error(f"bad search space: {exc}") from None
+        self.axes = self.space.axes()
+        annotated = kernel._annotated_function
+        self.kernel_params = tuple(annotated.pysig.parameters)
+        self._constant_params = {
+            p for p, node in zip(self.kernel_params, annotated.parameter_annotations)
+            if getattr(node, "constant", False)}
+        workloads = [_as_workload(w) for w in workloads]
+        if params is not None:
+            self.params = tuple(params)
+        elif args is not None and workloads:
+            self.params = tuple(workloads[0])  # a custom args= decides what the caller passes
+        else:
+            self.params = tuple(p for p in self.kernel_params if p not in self.axes)
+        self.grid_fn = grid
+        self.args_fn = args
+        self.hints_fn = hints
+        self.key_fn = key or default_key_fn()
+        self.default = default
+        self.restore = tuple(restore)
+        self.reset_to_zero = tuple(reset_to_zero)
+        self.cap = None if cap is None else int(cap)
+        if self.cap is not None and self.cap < 1:
+            raise self.error(f"cap must be >= 1, got {cap}")
+        for what, names in (("restore", self.restore), ("reset_to_zero", self.reset_to_zero)):
+            if unknown := [n for n in names if n not in self.params]:
+                raise self.error(f"{what} names unknown argument(s) {unknown}; "
+                                 f"arguments: {', '.join(self.params)}")
+        if args is None:
+            missing = [p for p in self.kernel_params if p not in self.params and p not in self.axes]
+            if missing:
+                raise self.error(f"kernel parameter(s) {missing} are neither call arguments nor "
+                                 "search-space axes; add them to the space or pass args=")
+        self.workloads = [self._check_workload(w) for w in workloads]
+        if default is not None and not callable(default):
+            self._check_default(Config(default, self.name))
+        self._fingerprint: str | None = None
+        self._runtime: Any = None
+
+    # ---- naming and errors -------------------------------------------------------------
+    def error(self, message: str) -> DeclarationError:
+        return DeclarationError(f"kernel {self.name!r} ({self.module}): {message}")
+
+    def __repr__(self) -> str:
+        return f"<ctbuild kernel {self.name} axes={list(self.axes)}>"
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = kernel_fingerprint(self.kernel)
+        return self._fingerprint
+
+    # ---- workloads and configs ---------------------------------------------------------
+    def _check_workload(self, w: Workload) -> Workload:
+        if set(w) != set(self.params):
+            raise self.error(f"workload {w!r} must give exactly the call arguments "
+                             f"{', '.join(self.params)}")
+        return Workload({p: w[p] for p in self.params})
+
+    def bind(self, *args: Any, **kwargs: Any) -> Workload:
+        """Name the call arguments: ``matmul(a, b, c)`` -> ``Workload(A=a, B=b, C=c)``."""
+        if len(args) > len(self.params):
+            raise TypeError(f"kernel {self.name!r} takes {len(self.params)} arguments "
+                            f"({', '.join(self.params)}), got {len(args)}")
+        values = dict(zip(self.params, args))
+        for k, v in kwargs.items():
+            if k not in self.params or k in values:
+                raise TypeError(f"kernel {self.name!r}: unexpected or repeated argument {k!r}")
+            values[k] = v
+        if len(values) != len(self.params):
+            missing = [p for p in self.params if p not in values]
+            raise TypeError(f"kernel {self.name!r}: missing argument(s) {missing}")
+        return Workload({p: values[p] for p in self.params})
+
+    def _check_default(self, cfg: Config) -> None:
+        if cfg not in [Config(c) for c in self.space.enumerate()]:
+            raise self.error(f"default config {cfg!r} is not in the search space")
+
+    def default_config(self, w: Workload) -> Config:
+        """The config used before (or without) tuning: declared, or the space's first."""
+        if self.default is None:
+            return Config(self.space.enumerate()[0], self.name)
+        value = self.default(w) if callable(self.default) else self.default
+        cfg = Config(value, self.name)
+        if callable(self.default):
+            self._check_default(cfg)
+        return cfg
+
+    def candidates(self, w: Workload, arch: Arch, cap: int = DEFAULT_CAP) -> Candidates:
+        """The pruned, capped candidate configs for one workload and arch.
+
+        ``cap`` is the project's default; a ``cap=`` given in the declaration wins.
+        """
+        everything = [Config(c, self.name) for c in self.space.enumerate()]
+        default = self.default_config(w)
+        where = self.space.where
+        pruned = everything
+        if where is not None:
+            try:
+                pruned = [c for c in everything if call_constraint(where, c, w, arch)]
+            except UnknownAxisError as exc:
+                raise self.error(f"constraint: {exc}") from None
+            except Exception as exc:
+                raise self.error(f"constraint raised {type(exc).__name__}: {exc}") from None
+        if not pruned:
+            raise self.error(f"search space is empty after pruning for {arch} and {w!r}")
+        if default not in pruned:
+            raise self.error(f"default config {default!r} is rejected by the constraint for "
+                             f"{arch} and {w!r}")
+        return Candidates(len(everything), pruned, cap_configs(pruned, default, self.cap or cap), default)
+
+    # ---- what a config means ------------------------------------------------------------
+    def kernel_args(self, cfg: Config, w: Workload) -> tuple:
+        """The arguments passed to ``ct.launch`` for this config."""
+        if self.args_fn is not None:
+            return tuple(self.args_fn(cfg, w))
+        return tuple(w.args[p] if p in w.args else cfg[p] for p in self.kernel_params)
+
+    def grid(self, cfg: Config, w: Workload) -> tuple[int, ...]:
+        grid = self.grid_fn(cfg, w)
+        return (grid,) if isinstance(grid, int) else tuple(grid)
+
+    def hints(self, cfg: Config) -> dict[str, Any]:
+        """Compiler hints for a config: ``hints(cfg)`` or the axes named like cuTile hints."""
+        if self.hints_fn is not None:
+            return dict(self.hints_fn(cfg))
+        return {k: cfg[k] for k in HINT_NAMES if k in cfg}
+
+    def compiler_options(self, cfg: Config) -> Any:
+        """The kernel's own options with this config's hints applied."""
+        return dataclasses.replace(self.kernel._compiler_options, **self.hints(cfg))
+
+    def resolved_hints(self, cfg: Config, arch: str) -> dict[str, Any]:
+        return resolve_hints(self.compiler_options(cfg).hints_by_target(), arch)
+
+    def tuning_key(self, w: Workload) -> list:
+        """JSON-able tuning key: the key function's value plus every constant argument."""
+        consts = [w.args[p] for p in self.params if p in self._constant_params]
+        return [list(_jsonable(self.key_fn(w))), consts]
+
+    # ---- launching (the runtime is imported on first use only) ----------------------------
+    @property
+    def runtime(self) -> Any:
+        if self._runtime is None:
+            from .runtime import KernelRuntime
+            self._runtime = KernelRuntime(self)
+        return self._runtime
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.runtime.call(args, kwargs)
+
+    def launch(self, stream: Any, *args: Any, **kwargs: Any) -> None:
+        self.runtime.launch(stream, args, kwargs)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return str(value)
+
+
+_REGISTRY: dict[str, TunedKernel] = {}
+
+
+def registered() -> list[TunedKernel]:
+    """Every declared kernel, in declaration order."""
+    return list(_REGISTRY.values())
+
+
+def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
+             args: Callable[[Config, Workload], tuple] | None = None,
+             hints: Callable[[Config], Mapping[str, Any]] | None = None,
+             key: Callable[[Workload], tuple] | None = None,
+             default: Mapping[str, Any] | Callable[[Workload], Mapping[str, Any]] | None = None,
+             workloads: Iterable[Workload | Mapping[str, Any]] = (),
+             restore: Sequence[str] = (), reset_to_zero: Sequence[str] = (),
+             params: Sequence[str] | None = None, cap: int | None = None,
+             name: str | None = None) -> Callable[[Any], TunedKernel]:
+    """Declare a kernel's search space, launch mapping, tuning key, default and workloads.
+
+    Args:
+        space: ``Product(...)``, ``Configs([...])``, ``Zip`` groups, or shorthand (a dict of
+            axes, a list of configs). Axes named ``occupancy``, ``num_ctas``,
+            ``num_worker_warps`` or ``opt_level`` are compiler hints.
+        grid: ``grid(cfg, w) -> tuple`` of block counts.
+        args: ``args(cfg, w) -> tuple`` passed to ``ct.launch``. Default: each kernel parameter
+            from the call argument of that name, else from the config axis of that name.
+        hints: ``hints(cfg) -> dict`` of compiler hints. Default: the hint-named axes.
+        key: ``key(w) -> tuple``: workloads with equal keys share a winner. Default:
+            shapes + dtypes + stride patterns (``ctbuild.key(bucket=...)`` buckets dims).
+        default: the config used without a tuning record; a dict, or ``default(w) -> dict``.
+        workloads: the call arguments it will see, as dicts of `Tensor`/`Scalar`/values.
+        restore: call arguments the kernel writes in place: snapshot and restore while tuning.
+        reset_to_zero: accumulators zeroed before every sample and every real launch.
+        params: names of the call arguments, in call order. Default: the first workload's
+            names when ``args=`` is given, else the kernel parameters that are not axes.
+        cap: most configs per (kernel, workload, arch) after pruning (default: the
+            project's ``cap``, 30).
+        name: the kernel's name in the cache and CLI (default: the function name).
+    """
+    def wrap(kernel: Any) -> TunedKernel:
+        tuned = TunedKernel(kernel, space=space, grid=grid, args=args, hints=hints, key=key,
+                            default=default, workloads=workloads, restore=restore,
+                            reset_to_zero=reset_to_zero, params=params, cap=cap, name=name)
+        existing = _REGISTRY.get(tuned.name)
+        if existing is not None and existing.module != tuned.module:
+            raise tuned.error(f"another kernel named {tuned.name!r} is declared in "
+                              f"{existing.module}; pass name= to tell them apart")
+        _REGISTRY[tuned.name] = tuned
+        return tuned
+    return wrap

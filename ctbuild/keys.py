@@ -1,0 +1,94 @@
+"""Cache keys: compile keys (what a CUBIN is), tuning keys (which workloads share a winner).
+
+Compile key = kernel fingerprint + toolchain fingerprint + signature + resolved hints + opt
+level + sm arch. Nothing path- or host-dependent goes in, so a build at /build serves /app.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping
+
+import xxhash
+
+from .specs import Scalar, dtype_name
+
+KEY_FORMAT = 1
+
+
+def digest(obj: Any) -> str:
+    """xxh3-128 of the canonical JSON of ``obj``."""
+    return xxhash.xxh3_128_hexdigest(json.dumps(obj, sort_keys=True, separators=(",", ":"),
+                                                default=str).encode())
+
+
+def resolve_hints(hints_by_target: Mapping[str, Mapping[str, Any]], arch: str) -> dict[str, Any]:
+    """The hint values tileiras sees for ``arch`` (ByTarget resolved, defaults filled in)."""
+    resolved = dict(hints_by_target.get("default", {}))
+    resolved.update(hints_by_target.get(arch, {}))
+    return resolved
+
+
+def compile_key(*, kernel_fp: str, toolchain_fp: str, signature: str, hints: Mapping[str, Any],
+                arch: str) -> str:
+    """The content key of one CUBIN. ``hints`` must already be resolved for ``arch``."""
+    return digest({"v": KEY_FORMAT, "kernel": kernel_fp, "toolchain": toolchain_fp,
+                   "signature": signature, "hints": dict(hints), "arch": arch})
+
+
+def tuning_record_key(*, kernel_fp: str, tuning_key: Any, arch: str, gpu: str,
+                      toolchain_fp: str) -> str:
+    """Where the winner for one (kernel, tuning key, GPU, toolchain) is recorded."""
+    return digest({"v": KEY_FORMAT, "kernel": kernel_fp, "key": tuning_key, "arch": arch,
+                   "gpu": gpu, "toolchain": toolchain_fp})
+
+
+def pow2(n: int) -> int:
+    """Round up to a power of two: ``key`` bucketing so that similar sizes share a winner."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype") and callable(
+        getattr(value, "stride", None))
+
+
+def _stride_pattern(shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    expected, acc = [], 1
+    for dim in reversed(shape):
+        expected.append(acc)
+        acc *= max(dim, 1)
+    if tuple(reversed(expected)) == strides:
+        return "C"
+    return list(strides)
+
+
+def tensor_key(value: Any, bucket: Mapping[int, Callable[[int], int]] | None = None) -> list:
+    """[shape (bucketed), dtype, stride pattern] of a tensor or `Tensor` spec."""
+    shape = tuple(int(d) for d in value.shape)
+    strides = tuple(int(s) for s in value.stride())
+    shown = [bucket[i](d) if bucket and i in bucket else d for i, d in enumerate(shape)]
+    return [shown, dtype_name(value.dtype), _stride_pattern(shape, strides)]
+
+
+def key(bucket: Mapping[str, Mapping[int, Callable[[int], int]]] | None = None
+        ) -> Callable[[Any], tuple]:
+    """Build a tuning-key function: shapes + dtypes + stride patterns of every tensor argument.
+
+    ``bucket={"A": {0: ctbuild.pow2}}`` rounds dim 0 of A up to a power of two so that similar
+    shapes share one tuning record. Other arguments contribute their type only; the values of
+    arguments bound to ``ct.Constant`` parameters are appended by the declaration, always.
+    """
+    bucket = dict(bucket or {})
+
+    def tuning_key(w: Any) -> tuple:
+        out: list[Any] = []
+        for name, value in w.items():
+            if _is_tensor(value):
+                out.append(tensor_key(value, bucket.get(name)))
+            elif isinstance(value, Scalar):
+                out.append(type(value.value()).__name__)
+            else:
+                out.append(type(value).__name__)
+        return tuple(out)
+
+    return tuning_key

@@ -1,0 +1,309 @@
+"""Derive, on a CPU machine, the `KernelSignature` cuTile's dispatcher derives at launch time.
+
+The runtime looks CUBINs up by the signature the C++ dispatcher computes from real tensors; the
+build computes it from `Tensor` specs. If the two disagree by one field the CUBIN is never found,
+so these rules mirror the dispatcher exactly. `tests/test_signature_parity.py` checks them against
+cuTile's own extension (running on a stub libcuda) for a few hundred generated cases, and
+`tests/gpu/parity_on_gpu.py` against real CUDA tensors.
+
+Rules of the cuTile 1.7.0 dispatcher (found by probing it; each one was a parity failure first):
+
+- Calling convention: the launch path uses ``cutile_python_v2`` exactly when some argument needs
+  it: a tuple anywhere (also empty or constant tuples) or a shape constant on some array (a size-1
+  dim of an array of rank <= 5, a list element included, or any ``static_shape_dims``). A size-1
+  dim of a 6-D array keeps v1, because above rank 5 nothing is inferred.
+- ``may_alias_internally``: sort (stride, extent) pairs of *all* dims, size-1 dims included (a
+  size-1 dim with stride 0 counts as aliasing); disjoint iff the smallest stride > 0 and each
+  next stride >= previous stride * previous extent.
+- Base alignment 16 (pointer % 16 == 0) is derived at every rank, 6-D included; only the
+  stride/shape facts stop above rank 5.
+- ``static_shape_dims`` / ``static_stride_dims`` (``ct.ArrayAnnotation``) are the *sole* source
+  of shape / stride constants when given (no size-1 or unit-stride inference on the other dims),
+  they apply at every rank, negative dims count from the end, out-of-range or duplicate dims are
+  errors. A constant dim has divisibility 1 and no stride lower bound.
+- ``stride_lower_bound_incl`` is 0 on every non-constant dim, even for a negative stride.
+- Leaf annotations reach into tuple values: ``ct.ScalarInt64`` on a tuple param makes its int
+  items int64, ``ct.IndexedWithInt64`` its arrays int64, ``ct.Constant`` makes every item (nested
+  tuples too) a constant. An ``ArrayAnnotation`` on a list param is ignored; a list's arrays take
+  the element annotation of ``ct.ListAnnotation``.
+- Scalars: bool -> bool_, int -> int32 (int64 with ``ct.ScalarInt64``; out of range is an error at
+  launch), float -> float32 whatever the annotation. Constants: bool/int/float values (and tuples
+  of them) only; 1, True and 1.0 are different constants.
+- Lists of arrays: non-empty, one dtype and rank; the element constraint is the meet of the
+  elements' constraints (min divisibility, equal constants only, aliasing if any element aliases)
+  and ``elements_may_alias`` is always True.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import cuda.tile as ct
+from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
+                                   KernelSignature, ListConstraint, ScalarConstraint,
+                                   TupleConstraint)
+
+from .specs import DTYPE_BITS, Scalar, Tensor
+
+#: Divisibility and unit-stride/size-1 facts are only derived for arrays of at most this rank.
+MAX_SPECIALIZED_NDIM = 5
+#: The dispatcher's base-address fact: it only ever claims 16-byte alignment (or nothing).
+BASE_ALIGN = 16
+_CT_DTYPES = {name: getattr(ct, "bool_" if name == "bool" else name) for name in DTYPE_BITS}
+_INT32 = (-2**31, 2**31 - 1)
+_INT64 = (-2**63, 2**63 - 1)
+
+
+class SignatureError(ValueError):
+    """A kernel argument cannot be turned into a signature (wrong kind for the parameter)."""
+
+
+def _is_disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """The dispatcher's test that distinct in-bounds indices never reach the same element.
+
+    It sorts (stride, extent) over all dims, size-1 dims included, so a size-1 dim with stride 0
+    makes an array "aliasing" although it is not; we copy that, since the flag is in the key.
+    """
+    dims = sorted(zip(strides, shape))
+    if not dims:
+        return True
+    if dims[0][0] <= 0:
+        return False
+    for (prev_stride, prev_extent), (stride, _) in zip(dims, dims[1:]):
+        if stride < prev_stride * prev_extent:
+            return False
+    return True
+
+
+def _static_dims(dims: Sequence[int] | None, ndim: int, what: str) -> tuple[int, ...] | None:
+    """Normalise ``static_*_dims`` like the dispatcher does (negative from the end), or fail.
+
+    None when the annotation lists no dims: then the dispatcher infers constants itself.
+    """
+    if not dims:
+        return None
+    out: list[int] = []
+    for d in dims:
+        if not -ndim <= d < ndim:
+            raise SignatureError(f"{what} contains axis {d} but array rank is {ndim}")
+        d %= ndim
+        if d in out:
+            raise SignatureError(f"{what} contains duplicate axis {d}")
+        out.append(d)
+    return tuple(out)
+
+
+def array_constraint(spec: Tensor, annotation: Any, calling_convention: CallingConvention
+                     ) -> ArrayConstraint:
+    """The dispatcher's `ArrayConstraint` for a tensor with this shape/strides/dtype/alignment.
+
+    ``annotation`` is the parameter's ``ct.ArrayAnnotation`` (or None).
+    """
+    assert spec.strides is not None
+    bits = DTYPE_BITS[spec.dtype]
+    index_dtype = ct.int32
+    static_shape = static_stride = None
+    if annotation is not None:
+        index_dtype = annotation.index_dtype or ct.int32
+        static_shape = _static_dims(annotation.static_shape_dims, spec.ndim, "static_shape_dims")
+        static_stride = _static_dims(annotation.static_stride_dims, spec.ndim,
+                                     "static_stride_dims")
+    specialize = spec.ndim <= MAX_SPECIALIZED_NDIM
+    v2 = calling_convention.version >= 2
+    if static_shape is not None and not v2:
+        raise SignatureError("static_shape_dims need calling convention cutile_python_v2")
+
+    stride_constant: list[int | None] = []
+    shape_constant: list[int | None] = []
+    lower_bound: list[int | None] = []
+    stride_div: list[int] = []
+    shape_div: list[int] = []
+    for i, (n, s) in enumerate(zip(spec.shape, spec.strides)):
+        if static_stride is not None:
+            sc = s if i in static_stride else None
+        else:
+            sc = 1 if specialize and s == 1 else None
+        if static_shape is not None:
+            nc = n if i in static_shape else None
+        else:
+            nc = 1 if specialize and v2 and n == 1 else None
+        stride_constant.append(sc)
+        shape_constant.append(nc)
+        lower_bound.append(None if sc is not None else 0)
+        stride_div.append(128 // bits if sc is None and specialize and (s * bits) % 128 == 0
+                          else 1)
+        shape_div.append(16 if nc is None and specialize and n % 16 == 0 else 1)
+    return ArrayConstraint(
+        _CT_DTYPES[spec.dtype], spec.ndim,
+        index_dtype=index_dtype,
+        stride_lower_bound_incl=lower_bound,
+        alias_groups=(),
+        may_alias_internally=not _is_disjoint(spec.shape, spec.strides),
+        stride_constant=stride_constant,
+        shape_constant=shape_constant if v2 else None,
+        stride_divisible_by=stride_div,
+        shape_divisible_by=shape_div,
+        base_addr_divisible_by=BASE_ALIGN if spec.align % BASE_ALIGN == 0 else 1,
+    )
+
+
+def _meet(values: Sequence[int | None]) -> int | None:
+    """A constant that holds for every list element, or None."""
+    return values[0] if all(v == values[0] for v in values) else None
+
+
+def list_constraint(specs: Sequence[Any], annotation: Any, calling_convention: CallingConvention
+                    ) -> ListConstraint:
+    """The dispatcher's `ListConstraint` for a list of tensors: what holds for all of them."""
+    if not specs:
+        raise SignatureError("empty lists are not supported as kernel arguments")
+    if not all(isinstance(s, Tensor) for s in specs):
+        raise SignatureError("list arguments must hold tensors only")
+    if len({s.dtype for s in specs}) > 1:
+        raise SignatureError("arrays in a list argument vary in dtype")
+    if len({s.ndim for s in specs}) > 1:
+        raise SignatureError("arrays in a list argument vary in rank")
+    each = [array_constraint(s, annotation, calling_convention) for s in specs]
+    first = each[0]
+    ndim = first.ndim
+    dims = range(ndim)
+    stride_constant = [_meet([c.stride_constant[i] for c in each]) for i in dims]
+    shape_constant = [_meet([c.shape_constant[i] for c in each]) for i in dims]
+    element = ArrayConstraint(
+        first.dtype, ndim,
+        index_dtype=first.index_dtype,
+        stride_lower_bound_incl=[None if sc is not None else 0 for sc in stride_constant],
+        alias_groups=(),
+        may_alias_internally=any(c.may_alias_internally for c in each),
+        stride_constant=stride_constant,
+        shape_constant=shape_constant if calling_convention.version >= 2 else None,
+        stride_divisible_by=[1 if stride_constant[i] is not None else
+                             min(c.stride_divisible_by[i] for c in each) for i in dims],
+        shape_divisible_by=[1 if shape_constant[i] is not None else
+                            min(c.shape_divisible_by[i] for c in each) for i in dims],
+        base_addr_divisible_by=min(c.base_addr_divisible_by for c in each),
+    )
+    return ListConstraint(element, alias_groups=(), elements_may_alias=True)
+
+
+def _int_scalar(value: int | None, dtype: Any, name: str) -> ScalarConstraint:
+    lo, hi = _INT64 if dtype == ct.int64 else _INT32
+    if value is not None and not lo <= value <= hi:
+        hint = "" if dtype == ct.int64 else " (annotate the parameter with ct.ScalarInt64)"
+        raise SignatureError(f"parameter {name!r}: {value} does not fit {dtype.name}{hint}")
+    return ScalarConstraint(dtype)
+
+
+def _scalar_constraint(value: Any, annotation: Any, name: str) -> ScalarConstraint:
+    """Python bool/int/float (or a `Scalar` spec) -> the dispatcher's scalar type.
+
+    At run time only Python scalars reach the dispatcher (it rejects numpy scalars), so a
+    `Scalar` spec stands for a Python value of its kind; a dtype the dispatcher can never
+    produce (float64, int8, int64 without ``ct.ScalarInt64``) is a declaration error.
+    """
+    scalar_ann = getattr(annotation, "scalar", None)
+    int_dtype = scalar_ann.dtype if scalar_ann is not None else ct.int32
+    if isinstance(value, Scalar):
+        if value.dtype == "bool":
+            return ScalarConstraint(ct.bool_)
+        if value.dtype == "float32":
+            return ScalarConstraint(ct.float32)
+        if value.dtype == "int32" or (value.dtype == "int64" and int_dtype == ct.int64):
+            example = value.example if isinstance(value.example, int) else None
+            return _int_scalar(example, int_dtype, name)
+        raise SignatureError(
+            f"parameter {name!r}: a Scalar({value.dtype!r}) cannot be launched: cuTile types a "
+            "Python scalar as bool, int32 (int64 with ct.ScalarInt64) or float32")
+    if isinstance(value, bool):
+        return ScalarConstraint(ct.bool_)
+    if isinstance(value, int):
+        return _int_scalar(value, int_dtype, name)
+    if isinstance(value, float):
+        return ScalarConstraint(ct.float32)
+    raise SignatureError(f"parameter {name!r}: unsupported argument {value!r}")
+
+
+def _constant_constraint(value: Any, name: str) -> Any:
+    if isinstance(value, tuple):
+        return TupleConstraint([_constant_constraint(v, name) for v in value])
+    if isinstance(value, (bool, int, float)):
+        return ConstantConstraint(value)
+    raise SignatureError(f"parameter {name!r} is ct.Constant: {value!r} is not a bool, int, "
+                         "float or tuple of them")
+
+
+def _constraint(value: Any, node: Any, name: str, cconv: CallingConvention) -> Any:
+    if node is not None and getattr(node, "KIND", "leaf") != "leaf":
+        if not isinstance(value, tuple):
+            raise SignatureError(f"parameter {name!r} is annotated as a tuple, got {value!r}")
+        items = node.items if node.KIND == "heterogeneous_tuple" else (node.each,) * len(value)
+        if len(items) != len(value):
+            raise SignatureError(f"parameter {name!r} expects {len(items)} items, got {len(value)}")
+        return TupleConstraint([_constraint(v, n, name, cconv) for v, n in zip(value, items)])
+    if getattr(node, "constant", False):
+        return _constant_constraint(value, name)
+    if isinstance(value, tuple):
+        # A leaf annotation on a tuple parameter applies to each item (and nested tuples).
+        return TupleConstraint([_constraint(v, node, name, cconv) for v in value])
+    if isinstance(value, Tensor):
+        return array_constraint(value, getattr(node, "array", None), cconv)
+    if isinstance(value, list):
+        list_ann = getattr(node, "list", None)
+        return list_constraint(value, getattr(list_ann, "element", None), cconv)
+    return _scalar_constraint(value, node, name)
+
+
+def _needs_v2(constraint: Any) -> bool:
+    """Whether the launch path would pick cutile_python_v2 for this (v2-derived) constraint."""
+    if isinstance(constraint, TupleConstraint):
+        return True
+    if isinstance(constraint, ListConstraint):
+        constraint = constraint.element
+    if isinstance(constraint, ArrayConstraint):
+        return any(c is not None for c in constraint.shape_constant)
+    return False
+
+
+def derive_signature(kernel: Any, kernel_args: Sequence[Any]) -> KernelSignature:
+    """The signature (with mangled symbol) cuTile would derive when launching with these args.
+
+    ``kernel_args`` hold `Tensor` specs (or lists/tuples of them), `Scalar` specs, Python
+    scalars and constant values, in parameter order.
+    """
+    annotated = kernel._annotated_function
+    params = list(annotated.pysig.parameters)
+    if len(kernel_args) != len(params):
+        raise SignatureError(f"kernel {annotated.pyfunc.__name__!r} takes {len(params)} arguments "
+                             f"({', '.join(params)}), got {len(kernel_args)}")
+    nodes = annotated.parameter_annotations
+
+    def constraints(cconv: CallingConvention) -> list[Any]:
+        return [_constraint(v, n, p, cconv) for v, n, p in zip(kernel_args, nodes, params)]
+
+    cconv = CallingConvention.cutile_python_v2()
+    derived = constraints(cconv)
+    if not any(_needs_v2(c) for c in derived):
+        cconv = CallingConvention.cutile_python_v1()
+        derived = constraints(cconv)
+    return KernelSignature(derived, cconv).with_mangled_symbol(annotated.pyfunc.__name__)
+
+
+def _canonical(obj: Any) -> Any:
+    if isinstance(obj, ConstantConstraint):
+        return {"const": type(obj.value).__name__, "value": repr(obj.value)}
+    if hasattr(obj, "__dataclass_fields__"):
+        return {"_": type(obj).__name__,
+                **{k: _canonical(getattr(obj, k)) for k in obj.__dataclass_fields__}}
+    if isinstance(obj, (tuple, list)):
+        return [_canonical(x) for x in obj]
+    if isinstance(obj, CallingConvention):
+        return obj.code
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)  # DType
+
+
+def signature_text(signature: KernelSignature) -> str:
+    """A canonical, stable text of a signature: part of every compile key."""
+    return json.dumps(_canonical(signature.with_symbol(None)), sort_keys=True,
+                      separators=(",", ":"))

@@ -1,0 +1,160 @@
+"""The toolchain fingerprint: everything outside the kernel that changes the CUBIN.
+
+Inputs: cuda-tile's version, ``tileiras --version``, the identity (version + content hash) of the
+ptxas and libnvvm tileiras will really use, the TileIR bytecode version, and the env vars that
+change compilation. Every env var cuTile reads is classified as key-relevant or neutral
+(Triton's rule); an unclassified ``CUDA_TILE_*`` var is an error, not a silent mix.
+
+The runtime (GPU nodes, possibly without tileiras) cannot probe the compiler; it takes the
+fingerprint recorded in the cache by the build whose cuda-tile version and relevant env match.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+#: Env vars that change what cuTile emits: part of the fingerprint.
+KEY_ENV_VARS = ("EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD", "CUDA_TILE_TESTING_DISABLE_DIV",
+                "CUDA_TILE_TESTING_DISABLE_TOKEN_ORDER")
+#: Env vars cuTile reads that do not change the CUBIN (where files go, logging, timeouts).
+NEUTRAL_ENV_VARS = ("CUDA_TILE_CACHE_DIR", "CUDA_TILE_CACHE_SIZE", "CUDA_TILE_TEMP_DIR",
+                    "CUDA_TILE_COMPILER_TIMEOUT_SEC", "CUDA_TILE_LOGS", "CUDA_TILE_DUMP_TILEIR",
+                    "CUDA_TILE_DUMP_BYTECODE", "CUDA_TILE_ENABLE_CRASH_DUMP")
+_ENV_PREFIXES = ("CUDA_TILE_", "EXPERIMENTAL_CUDA_TILE")
+
+
+class ToolchainError(RuntimeError):
+    """The compiler toolchain is missing, broken, or not what the cache was built with."""
+
+
+def key_env() -> dict[str, str]:
+    """The key-relevant env vars that are set, after checking none is unclassified."""
+    unknown = sorted(k for k in os.environ if k.startswith(_ENV_PREFIXES)
+                     and k not in KEY_ENV_VARS and k not in NEUTRAL_ENV_VARS)
+    if unknown:
+        raise ToolchainError(
+            f"unclassified cuTile env var(s) {', '.join(unknown)}: ctbuild cannot tell whether "
+            "they change the compiled code; unset them, or report them so they get classified")
+    return {k: os.environ[k] for k in KEY_ENV_VARS if k in os.environ}
+
+
+def cutile_version() -> str:
+    from cuda.tile import __version__
+    return str(__version__)
+
+
+@functools.lru_cache(maxsize=None)
+def _file_identity(path: str) -> dict[str, Any]:
+    data = Path(path).read_bytes()
+    return {"bytes": len(data), "xxh3": xxhash.xxh3_128_hexdigest(data)}
+
+
+def _version_text(binary: str) -> str:
+    try:
+        out = subprocess.run([binary, "--version"], check=True, capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ToolchainError(f"{binary} --version failed: {exc}") from exc
+    return out.strip()
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A probed toolchain: the fingerprint, and the profile it was computed from."""
+    fingerprint: str
+    profile: dict[str, Any]
+    paths: dict[str, str]
+
+
+def find_tileiras() -> tuple[str, bool]:
+    """(path to tileiras, whether it will use $CUDA_HOME's ptxas/libnvvm), as cuTile finds it."""
+    from cuda.tile._compile import _find_compiler_bin
+    try:
+        binary = _find_compiler_bin()
+    except FileNotFoundError as exc:
+        raise ToolchainError(str(exc)) from exc
+    return binary.path, binary.pass_cuda_home_var
+
+
+def _companions(tileiras: str, uses_cuda_home: bool) -> tuple[str, str]:
+    """ptxas and libnvvm that this tileiras will load."""
+    base = Path(tileiras).resolve().parent
+    if uses_cuda_home and os.environ.get("CUDA_HOME"):
+        home = Path(os.environ["CUDA_HOME"])
+        return str(home / "bin" / "ptxas"), str(home / "nvvm" / "lib64" / "libnvvm.so")
+    return str(base / "ptxas"), str(base.parent / "lib" / "libnvvm.so.4")
+
+
+def cuda_home_problem() -> str | None:
+    """Why $CUDA_HOME would break tileiras, or None. tileiras uses only $CUDA_HOME's ptxas and
+    libnvvm when it is set and tileiras is not the pip one; an older toolkit fails with exit 5."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        return None
+    try:
+        path, uses_home = find_tileiras()
+    except ToolchainError:
+        return None
+    if not uses_home:
+        return None
+    ptxas = Path(home) / "bin" / "ptxas"
+    if not ptxas.exists():
+        return f"CUDA_HOME={home} has no bin/ptxas, which {path} would use"
+    mine, theirs = _release(_version_text(path)), _release(_version_text(str(ptxas)))
+    if mine != theirs:
+        return (f"CUDA_HOME={home} holds CUDA {theirs} but tileiras is {mine}: tileiras would "
+                "use that older ptxas/libnvvm and fail with exit 5; unset CUDA_HOME")
+    return None
+
+
+def _release(version_text: str) -> str:
+    for token in version_text.replace(",", " ").split():
+        if token.startswith("V") and token[1:2].isdigit():
+            return token[1:]
+    return version_text.splitlines()[-1] if version_text else "?"
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Toolchain:
+    """Probe the local toolchain (runs tileiras; ~1 s the first time, cached per process)."""
+    from cuda.tile._compile import _get_max_supported_bytecode_version
+    import tempfile
+
+    tileiras, uses_home = find_tileiras()
+    ptxas, nvvm = _companions(tileiras, uses_home)
+    for what, path in (("ptxas", ptxas), ("libnvvm", nvvm)):
+        if not Path(path).exists():
+            raise ToolchainError(f"{what} not found at {path} (tileiras at {tileiras} needs it)")
+    if (problem := cuda_home_problem()):
+        raise ToolchainError(problem)
+    with tempfile.TemporaryDirectory() as tmp:
+        bytecode = _get_max_supported_bytecode_version(tmp)
+    profile = {
+        "cuda_tile": cutile_version(),
+        "tileiras": _version_text(tileiras),
+        "tileiras_file": _file_identity(tileiras),
+        "ptxas": _version_text(ptxas),
+        "ptxas_file": _file_identity(ptxas),
+        "libnvvm_file": _file_identity(nvvm),
+        "bytecode_version": str(bytecode),
+        "env": key_env(),
+    }
+    return Toolchain(fingerprint_of(profile), profile,
+                     {"tileiras": tileiras, "ptxas": ptxas, "libnvvm": nvvm})
+
+
+def fingerprint_of(profile: dict[str, Any]) -> str:
+    return xxhash.xxh3_128_hexdigest(json.dumps(profile, sort_keys=True).encode())
+
+
+def host_description() -> dict[str, str]:
+    """Where the toolchain ran (informational, not part of the fingerprint)."""
+    return {"python": platform.python_version(), "machine": platform.machine()}
