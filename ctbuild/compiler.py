@@ -69,5 +69,8 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
     seconds = time.perf_counter() - start
     if not result.cubin:
         raise RuntimeError(f"{job['kernel']} {cfg!r}: tileiras produced an empty CUBIN")
+    if result.library_lifecycle_providers:
+        raise RuntimeError(f"{job['kernel']}: links cuTile library modules, which ctbuild "
+                           "cannot serve from its cache yet")
     return {"cubin": bytes(result.cubin), "symbol": result.kernel_signatures[0].symbol,
             "seconds": seconds, "toolchain": toolchain.fingerprint}

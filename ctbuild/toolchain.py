@@ -158,3 +158,28 @@ def fingerprint_of(profile: dict[str, Any]) -> str:
 def host_description() -> dict[str, str]:
     """Where the toolchain ran (informational, not part of the fingerprint)."""
     return {"python": platform.python_version(), "machine": platform.machine()}
+
+
+def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:
+    """Pick the build's toolchain from the profiles recorded in a cache, without tileiras.
+
+    A GPU node may have cuda-tile without its compiler, so it cannot probe; the profiles whose
+    cuda-tile version and key-relevant env match this process are the candidates. With several
+    (a cache shared by builds of two toolchains) the local compiler decides when present, else
+    the newest record wins. ``CTBUILD_TOOLCHAIN`` pins one explicitly.
+    """
+    pinned = os.environ.get("CTBUILD_TOOLCHAIN")
+    if pinned:
+        return pinned
+    env, version = key_env(), cutile_version()
+    matching = {fp: p for fp, p in profiles.items()
+                if p.get("cuda_tile") == version and p.get("env", {}) == env}
+    if len(matching) <= 1:
+        return next(iter(matching), None)
+    try:
+        local = probe().fingerprint
+        if local in matching:
+            return local
+    except ToolchainError:
+        pass
+    return max(matching, key=lambda fp: str(matching[fp].get("created", "")))

@@ -1,0 +1,151 @@
+"""Launching cuTile kernels with CUBINs served from the ctbuild cache.
+
+cuTile's dispatcher derives a `KernelSignature` from the launch arguments and, on a miss of its
+in-memory cache, calls ``kernel._compile(signature, context, (major, minor))``. `ServedKernel`
+overrides that one method to look the CUBIN up by compile key instead of running tileiras.
+This is a private interface (it changed between cuTile 1.6 and 1.7), so `check_cutile` verifies
+it at import and fails loudly rather than mis-launching.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import cuda.tile as ct
+
+from .keys import compile_key
+from .signature import signature_text
+from .space import Config
+
+log = logging.getLogger("ctbuild")
+
+SUPPORTED_CUTILE = "1.7.0"
+
+
+class UnsupportedCuTileError(RuntimeError):
+    """The installed cuda-tile is not the version whose private launch interface ctbuild uses."""
+
+
+def check_cutile() -> None:
+    """Fail at import if cuda-tile's version or its ``_compile`` hook is not what we rely on."""
+    version = str(ct.__version__)
+    if version != SUPPORTED_CUTILE:
+        raise UnsupportedCuTileError(
+            f"ctbuild supports cuda-tile {SUPPORTED_CUTILE} only, found {version}; "
+            f"pip install 'cuda-tile[tileiras]=={SUPPORTED_CUTILE}'")
+    params = list(inspect.signature(ct.kernel._compile).parameters)
+    if params[:4] != ["self", "signature", "context", "compute_capability"]:
+        raise UnsupportedCuTileError(
+            f"cuda-tile {version}: kernel._compile{tuple(params)} is not the interface ctbuild "
+            f"was built for; pin cuda-tile {SUPPORTED_CUTILE}")
+
+
+check_cutile()
+
+
+@dataclass
+class ServeStats:
+    """What the served kernels of one process did (thread-safe counters)."""
+    hits: int = 0
+    misses: int = 0
+    jit_compiles: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+
+#: Process-wide counters; ``jit_compiles`` counts every tileiras run a served kernel caused.
+STATS = ServeStats()
+
+#: Called on a CUBIN miss with (served kernel, signature, context, arch); returns
+#: (cubin, symbol) to launch, or raises. The runtime's miss policy plugs in here.
+MissHandler = Callable[["ServedKernel", Any, Any, str], tuple[bytes, str]]
+
+
+@dataclass
+class CubinSource:
+    """Where served kernels get CUBINs: a cache store under one toolchain fingerprint."""
+    store: Any
+    toolchain_fp: str | None
+    on_miss: MissHandler | None = None
+
+    def key_for(self, tuned: Any, cfg: Config, signature: Any, arch: str) -> str:
+        return compile_key(kernel_fp=tuned.fingerprint, toolchain_fp=self.toolchain_fp or "",
+                           signature=signature_text(signature),
+                           hints=tuned.resolved_hints(cfg, arch), arch=arch)
+
+    def lookup(self, tuned: Any, cfg: Config, signature: Any, arch: str
+               ) -> tuple[bytes, str] | None:
+        """The cached CUBIN for this launch, or None. Never returns a corrupt or foreign one."""
+        if self.toolchain_fp is None:
+            return None
+        hit = self.store.get_compile(self.key_for(tuned, cfg, signature, arch))
+        if hit is None:
+            return None
+        expected = signature.with_mangled_symbol(tuned.pyfunc.__name__).symbol
+        if hit.symbol != expected:
+            log.warning("%s: cached symbol %s differs from %s; treating as a miss",
+                        tuned.name, hit.symbol, expected)
+            return None
+        return hit.cubin, hit.symbol
+
+
+class ServedKernel(ct.kernel):
+    """A ``ct.kernel`` for one config of a declared kernel, whose CUBIN comes from the cache.
+
+    One object per config, created once: cuTile keeps its in-memory launch cache per kernel
+    object, so later launches cost only the dispatcher's signature check.
+    """
+
+    def __new__(cls, tuned: Any, cfg: Config, source: CubinSource) -> "ServedKernel":
+        return ct.kernel.__new__(cls, tuned.pyfunc)
+
+    def __init__(self, tuned: Any, cfg: Config, source: CubinSource) -> None:
+        options = tuned.compiler_options(cfg)
+        super().__init__(tuned.pyfunc, num_ctas=options.num_ctas, occupancy=options.occupancy,
+                         opt_level=options.opt_level, num_worker_warps=options.num_worker_warps)
+        self.tuned, self.config, self.source = tuned, cfg, source
+        self.last_origin = ""
+
+    def _compile(self, signature: Any, context: Any,
+                 compute_capability: tuple[int, int] | None = None) -> tuple:
+        from cuda.tile._cext import get_compute_capability
+        major, minor = compute_capability or get_compute_capability()
+        arch = f"sm_{major}{minor}"
+        found = self.source.lookup(self.tuned, self.config, signature, arch)
+        if found is not None:
+            STATS.add(hits=1)
+            self.last_origin = "cache"
+            cubin, symbol = found
+            return cubin, symbol, None, ()
+        STATS.add(misses=1)
+        if self.source.on_miss is None:
+            raise LookupError(
+                f"kernel {self.tuned.name!r} config {self.config!r}: no CUBIN in the cache for "
+                f"{arch} and this signature")
+        self.last_origin = "jit"
+        cubin, symbol = self.source.on_miss(self, signature, context, arch)
+        return cubin, symbol, None, ()
+
+    def jit_compile(self, signature: Any, context: Any, arch: str) -> tuple[bytes, str]:
+        """Compile with cuTile's own path (tileiras); counted in ``STATS.jit_compiles``."""
+        major, minor = int(arch[3:-1]), int(arch[-1])
+        STATS.add(jit_compiles=1)
+        cubin, symbol, _, lifecycle = ct.kernel._compile(self, signature, context, (major, minor))
+        if lifecycle:
+            raise RuntimeError(f"kernel {self.tuned.name!r} links cuTile library modules, "
+                               "which ctbuild cannot serve from its cache yet")
+        return cubin, symbol
+
+    def replace_hints(self, **hints: Any) -> "ServedKernel":
+        """cuTile's tuner calls this for every config; keep serving from the cache."""
+        if not hints:
+            return self
+        cfg = Config({**self.config.to_json(), **hints}, self.tuned.name)
+        return ServedKernel(self.tuned, cfg, self.source)
