@@ -1,0 +1,176 @@
+"""Parity of `ctbuild.signature.derive_signature` with cuTile's own C++ dispatcher, on a CPU.
+
+cuTile's extension needs libcuda only for cuInit, the driver version and pointer/context queries,
+all reached through ``cuGetProcAddress_v2``. We compile a stub ``libcuda.so.1``
+(tests/stub_libcuda.c) into a tmp dir and run the real dispatcher in one subprocess with
+``LD_LIBRARY_PATH`` pointing there, feeding it ``__cuda_array_interface__`` arrays whose pointers
+carry the alignment each spec declares. The subprocess walks the real launch path
+(``ct.launch`` on a kernel subclass whose ``_compile`` raises with the signature it is given), so
+the calling convention is the one the launch picks, not one we chose; it also asks
+``KernelSignature.from_kernel_args`` with that convention. Each generated case must give the same
+constraints, calling convention and mangled symbol as ``derive_signature``.
+
+Run as a script (``python tests/test_signature_parity.py --dispatcher``) it is that subprocess.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import signature_cases as sc  # noqa: E402
+
+CASES = sc.generate_cases()
+
+
+# --- the subprocess side (real dispatcher on the stub libcuda) ------------------------------
+def _dispatcher_main() -> None:
+    import cuda.tile as ct
+    from cuda.tile.compilation import KernelSignature
+
+    from ctbuild.signature import derive_signature
+    from ctbuild.specs import contiguous_strides
+
+    class Captured(Exception):
+        pass
+
+    class SpyKernel(ct.kernel):
+        """A kernel whose compile step hands back the signature the launch derived."""
+        def _compile(self, signature, context, compute_capability=None):
+            raise Captured(signature)
+
+    kernels = {name: SpyKernel(f) for name, f in sc.KERNELS.items()}
+
+    def make_array(spec, slot):
+        # Half the contiguous arrays omit strides (CAI's "C-contiguous"), to cover both paths.
+        explicit = not (spec.strides == contiguous_strides(spec.shape) and slot % 2 == 1)
+        return sc.FakeCudaArray(spec, sc.fake_pointer(spec, slot), explicit)
+
+    out = []
+    for case in CASES:
+        kernel = kernels[case.kernel]
+        rec: dict[str, Any] = {"id": case.id}
+        try:
+            args = sc.runtime_args(case.args, make_array)
+            try:
+                ct.launch(0, (1, 1, 1), kernel, args)
+                raise RuntimeError("launch did not reach _compile")
+            except Captured as c:
+                launched = c.args[0]
+            real = launched.with_mangled_symbol(kernel._pyfunc.__name__)
+            via_api = KernelSignature.from_kernel_args(kernel, args, real.calling_convention)
+            rec.update(repr=repr(real), symbol=real.symbol, cconv=real.calling_convention.code,
+                       api_agrees=via_api == real)
+            try:
+                rec["derived_equal"] = derive_signature(kernel, case.args) == real
+            except Exception as e:  # reported, compared in the parent
+                rec["derived_equal"] = False
+                rec["derived_error"] = f"{type(e).__name__}: {e}"
+        except Exception as e:
+            rec["error"] = f"{type(e).__name__}: {e}"
+        out.append(rec)
+    json.dump(out, sys.stdout)
+
+
+# --- the pytest side -------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def stub_libcuda_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a freshly compiled stub ``libcuda.so.1``."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("gcc not found: cannot build the stub libcuda.so.1 for the parity test")
+    out = tmp_path_factory.mktemp("stub_libcuda")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"),
+                    str(HERE / "stub_libcuda.c")], check=True, capture_output=True, text=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def dispatcher_results(stub_libcuda_dir: Path) -> dict[str, dict[str, Any]]:
+    """Run the real dispatcher over all cases once, in a subprocess that loads the stub."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(stub_libcuda_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--dispatcher"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, f"dispatcher subprocess failed:\n{proc.stderr[-4000:]}"
+    results = json.loads(proc.stdout)
+    assert [r["id"] for r in results] == [c.id for c in CASES]
+    return {r["id"]: r for r in results}
+
+
+def test_case_count_and_coverage() -> None:
+    """The generator covers what the rules depend on (so a narrowed generator fails here)."""
+    from ctbuild.specs import Tensor
+
+    tensors: list[Tensor] = []
+
+    def walk(a: Any) -> None:
+        if isinstance(a, Tensor):
+            tensors.append(a)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                walk(x)
+    for c in CASES:
+        walk(c.args)
+    assert len(CASES) >= 200
+    assert {t.dtype for t in tensors} >= set(sc.DTYPES)
+    assert {t.align for t in tensors} >= {2, 4, 8, 16, 256}
+    assert any(t.ndim == 6 for t in tensors) and any(t.ndim == 0 for t in tensors)
+    assert any(0 in t.strides for t in tensors) and any(1 in t.shape for t in tensors)
+    assert any(s < 0 for t in tensors for s in t.strides)
+    assert len({c.kernel for c in CASES}) == len(sc.KERNELS)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_signature_parity(case: sc.Case, dispatcher_results: dict[str, dict[str, Any]]) -> None:
+    import cuda.tile as ct
+
+    from ctbuild.signature import SignatureError, derive_signature
+
+    real = dispatcher_results[case.id]
+    kernel = ct.kernel(sc.KERNELS[case.kernel])
+    if case.expect_error or "error" in real:
+        assert "error" in real, f"the dispatcher accepted an argument list we expect it to refuse"
+        with pytest.raises(SignatureError):
+            derive_signature(kernel, case.args)
+        return
+    assert real["api_agrees"], "launch path and KernelSignature.from_kernel_args disagree"
+    derived = derive_signature(kernel, case.args)
+    assert derived.calling_convention.code == real["cconv"]
+    assert repr(derived) == real["repr"]
+    assert derived.symbol == real["symbol"]
+    assert real["derived_equal"], real.get("derived_error", "derive_signature != dispatcher (==)")
+
+
+def test_scalar_specs_the_dispatcher_cannot_produce() -> None:
+    """A Scalar spec of a dtype no Python value launches as is refused, not silently keyed."""
+    import cuda.tile as ct
+
+    from ctbuild.signature import SignatureError, derive_signature
+    from ctbuild.specs import Scalar, Tensor
+
+    x = Tensor((16,), "float32")
+    k2, km = ct.kernel(sc.k_two), ct.kernel(sc.k_mixed)
+    for dtype in ("float64", "float16", "int8", "int64"):
+        with pytest.raises(SignatureError):
+            derive_signature(k2, (x, x, Scalar(dtype)))
+    sig = derive_signature(km, (x, x, Scalar("int64"), 1.0, True, 1))
+    assert sig.parameters[2].dtype == ct.int64
+
+
+if __name__ == "__main__" and "--dispatcher" in sys.argv:
+    _dispatcher_main()
