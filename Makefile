@@ -1,0 +1,21 @@
+# Two entry points (see README Quickstart); both create .venv on first use.
+PY ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+CACHE ?= .ctbuild-cache
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[test]'
+	touch $@
+
+.PHONY: examples test plan
+examples: $(STAMP)  ## precompile the example kernels on an embedded Ray into $(CACHE)
+	$(VENV)/bin/ctbuild precompile --config examples/ctbuild.toml --cache $(CACHE)
+
+plan: $(STAMP)
+	$(VENV)/bin/ctbuild plan --config examples/ctbuild.toml
+
+test: $(STAMP)  ## the whole CPU suite (GPU tests skip without a GPU)
+	$(VENV)/bin/python -m pytest -q

@@ -1,0 +1,110 @@
+"""Kernel fingerprints change with what the CUBIN depends on, and with nothing else."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ctbuild.fingerprint import kernel_fingerprint
+
+BASE = '''
+import cuda.tile as ct
+
+SCALE = 2.0
+UNUSED_CONST = 7
+
+
+def unrelated():
+    return 41
+
+
+@ct.function
+def inner(t):
+    return t * SCALE
+
+
+@ct.function
+def helper(t):
+    return inner(t) + 1.0
+
+
+@ct.kernel
+def kern(X, Y, TILE: ct.Constant[int]):
+    bid = ct.bid(0)
+    t = ct.load(X, index=(bid,), shape=(TILE,))
+    ct.store(Y, index=(bid,), tile=helper(t))
+'''
+
+_counter = itertools.count()
+
+
+def load(tmp_path: Path, source: str, subdir: str = "a") -> object:
+    """Import ``source`` as module ``fpmod`` from a file under tmp_path/subdir."""
+    folder = tmp_path / f"{subdir}{next(_counter)}"
+    folder.mkdir(parents=True)
+    file = folder / "fpmod.py"
+    file.write_text(textwrap.dedent(source))
+    spec = importlib.util.spec_from_file_location("fpmod", file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fpmod"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def fp(tmp_path: Path, source: str, subdir: str = "a") -> str:
+    return kernel_fingerprint(load(tmp_path, source, subdir).kern)
+
+
+@pytest.fixture
+def base_fp(tmp_path: Path) -> str:
+    return fp(tmp_path, BASE)
+
+
+@pytest.mark.parametrize("old,new,why", [
+    ("ct.store(Y, index=(bid,), tile=helper(t))", "ct.store(Y, index=(bid,), tile=helper(t) * 3)",
+     "kernel body"),
+    ("return inner(t) + 1.0", "return inner(t) + 2.0", "helper it calls"),
+    ("return t * SCALE", "return t * SCALE * SCALE", "helper's helper (transitive)"),
+    ("SCALE = 2.0", "SCALE = 3.0", "constant a helper reads"),
+    ("SCALE = 2.0", "SCALE = 2", "constant's type"),
+])
+def test_fingerprint_changes(tmp_path: Path, base_fp: str, old: str, new: str, why: str) -> None:
+    assert old in BASE
+    assert fp(tmp_path, BASE.replace(old, new)) != base_fp, why
+
+
+@pytest.mark.parametrize("old,new,why", [
+    ("return 41", "return 42", "unrelated function"),
+    ("UNUSED_CONST = 7", "UNUSED_CONST = 8", "constant nobody reads"),
+    ("import cuda.tile as ct\n", "import cuda.tile as ct\n\n\n# a comment moves lines\n",
+     "line numbers"),
+])
+def test_fingerprint_stable(tmp_path: Path, base_fp: str, old: str, new: str, why: str) -> None:
+    assert old in BASE
+    assert fp(tmp_path, BASE.replace(old, new)) == base_fp, why
+
+
+def test_fingerprint_independent_of_file_location(tmp_path: Path, base_fp: str) -> None:
+    assert fp(tmp_path, BASE, subdir="deep/other/place") == base_fp
+
+
+def test_helper_through_module_attribute(tmp_path: Path) -> None:
+    """``helpers.scale(t)`` in another module is followed like a direct call."""
+    (tmp_path / "helpmod.py").write_text("import cuda.tile as ct\n\n@ct.function\n"
+                                         "def scale(t):\n    return t * 2.0\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        src = BASE.replace("import cuda.tile as ct\n", "import cuda.tile as ct\nimport helpmod\n")
+        src = src.replace("tile=helper(t))", "tile=helpmod.scale(t))")
+        first = fp(tmp_path, src)
+        (tmp_path / "helpmod.py").write_text("import cuda.tile as ct\n\n@ct.function\n"
+                                             "def scale(t):\n    return t * 4.0\n")
+        sys.modules.pop("helpmod")
+        assert fp(tmp_path, src) != first
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("helpmod", None)

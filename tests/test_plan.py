@@ -1,0 +1,139 @@
+"""`ctbuild plan`: the examples plan fully; bad declarations fail early, naming the kernel."""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, run_cli
+
+EXAMPLE_KERNELS = {"silu_mul", "rmsnorm", "matmul", "rope_inplace"}
+
+
+@pytest.fixture(scope="module")
+def example_plan() -> dict:
+    proc = run_cli("plan", "--config", str(EXAMPLES / "ctbuild.toml"), "--arch", "sm_90,sm_100",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_plan_lists_every_example_kernel(example_plan: dict) -> None:
+    kernels = {k["name"]: k for k in example_plan["kernels"]}
+    assert set(kernels) == EXAMPLE_KERNELS
+    for k in kernels.values():
+        assert k["jobs"] > 0
+        assert {e["arch"] for e in k["entries"]} == {"sm_90", "sm_100"}
+
+
+def test_jobs_equal_distinct_compile_keys(examples_on_path: Path) -> None:
+    from ctbuild.arch import parse_archs
+    from ctbuild.config import load_project
+    from ctbuild.plan import make_plan
+    project = load_project(EXAMPLES / "ctbuild.toml")
+    plan = make_plan(project.kernels(), parse_archs("sm_90,sm_100"), "fp")
+    keys = [k for e in plan.entries for k in e.job_keys]
+    assert len(plan.jobs) == len(set(keys))
+    assert all(len(e.configs) == len(e.job_keys) for e in plan.entries)
+
+
+def test_cli_jobs_count_matches_python_plan(example_plan: dict, examples_on_path: Path) -> None:
+    per_kernel = sum(k["jobs"] for k in example_plan["kernels"])
+    assert example_plan["jobs"] == per_kernel  # kernels never share keys (fingerprints differ)
+
+
+def test_matmul_constraint_depends_on_arch(example_plan: dict) -> None:
+    matmul = next(k for k in example_plan["kernels"] if k["name"] == "matmul")
+    pruned = {e["arch"]: e["configs_pruned"] for e in matmul["entries"]}
+    assert pruned["sm_100"] > pruned["sm_90"]  # 2-CTA clusters only on sm_100
+
+
+def test_human_output(examples_on_path: Path) -> None:
+    proc = run_cli("plan", "--config", str(EXAMPLES / "ctbuild.toml"))
+    assert proc.returncode == 0, proc.stderr
+    assert "compile jobs" in proc.stdout and "matmul" in proc.stdout
+
+
+GOOD = '''
+import cuda.tile as ct
+import ctbuild
+from ctbuild import Product, Tensor
+
+@ctbuild.autotune(
+    space=Product(TILE=[64, 128], occupancy=[1, 2]{where}),
+    grid=lambda cfg, w: (ct.cdiv(w.X.shape[0], cfg.{grid_axis}),),
+    default={default},
+    workloads=[{{"X": Tensor((1024,), "float32"), "Y": Tensor((1024,), "float32")}}],
+)
+@ct.kernel
+def copy(X, Y, TILE: ct.Constant[int]):
+    bid = ct.bid(0)
+    ct.store(Y, index=(bid,), tile=ct.load(X, index=(bid,), shape=(TILE,)))
+'''
+
+
+def make_project(tmp_path: Path, *, where: str = "", grid_axis: str = "TILE",
+                 default: str = '{"TILE": 64, "occupancy": 1}', toml: str | None = None) -> Path:
+    (tmp_path / "badkern.py").write_text(textwrap.dedent(GOOD.format(
+        where=where, grid_axis=grid_axis, default=default)))
+    config = tmp_path / "ctbuild.toml"
+    config.write_text(toml if toml is not None else 'modules = ["badkern"]\narchs = ["sm_90"]\n')
+    return config
+
+
+def test_good_fixture_plans(tmp_path: Path) -> None:
+    proc = run_cli("plan", "--config", str(make_project(tmp_path)), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["jobs"] == 4
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"grid_axis": "NOPE"}, "config has no axis 'NOPE'"),
+    ({"where": ", where=lambda cfg, w, arch: cfg.TILE > 1000"}, "empty after pruning"),
+    ({"default": '{"TILE": 32, "occupancy": 1}'}, "not in the search space"),
+    ({"where": ", where=lambda cfg: cfg.TILE == 128"}, "rejected by the constraint"),
+    ({"where": ", where=lambda cfg: cfg.BAD == 1"}, "config has no axis 'BAD'"),
+])
+def test_bad_declaration_exits_2_naming_kernel(tmp_path: Path, kwargs: dict, expected: str
+                                               ) -> None:
+    proc = run_cli("plan", "--config", str(make_project(tmp_path, **kwargs)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "kernel 'copy'" in proc.stderr and expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("toml,expected", [
+    ('modules = ["badkern"\n', "not valid TOML"),
+    ('modules = "badkern"\n', "'modules' must be a list"),
+    ('modules = ["badkern"]\nbogus = 1\n', "unknown key 'bogus'"),
+    ('modules = ["nosuchmodule"]\n', "cannot import module 'nosuchmodule'"),
+    ('modules = ["badkern"]\narchs = ["sm_42"]\n', "unknown GPU arch 'sm_42'"),
+    ('archs = ["sm_90"]\n', "no modules to import"),
+])
+def test_malformed_config_exits_2(tmp_path: Path, toml: str, expected: str) -> None:
+    proc = run_cli("plan", "--config", str(make_project(tmp_path, toml=toml)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_arch_flag(tmp_path: Path) -> None:
+    proc = run_cli("plan", "--config", str(make_project(tmp_path)), "--arch", "sm_90,gfx942")
+    assert proc.returncode == 2 and "unknown GPU arch 'gfx942'" in proc.stderr
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    proc = run_cli("plan", "--config", str(tmp_path / "nope.toml"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_pyproject_tool_table(tmp_path: Path) -> None:
+    make_project(tmp_path, toml="")
+    (tmp_path / "ctbuild.toml").unlink()
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n\n[tool.ctbuild]\nmodules = ["badkern"]\narchs = ["sm_100"]\n')
+    proc = run_cli("plan", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["kernels"][0]["entries"][0]["arch"] == "sm_100"
