@@ -144,7 +144,7 @@ def probe() -> Toolchain:
         "ptxas": _version_text(ptxas),
         "ptxas_file": _file_identity(ptxas),
         "libnvvm_file": _file_identity(nvvm),
-        "bytecode_version": str(bytecode),
+        "bytecode_version": bytecode.name.removeprefix("V_").replace("_", "."),
         "env": key_env(),
     }
     return Toolchain(fingerprint_of(profile), profile,
