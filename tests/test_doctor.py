@@ -1,0 +1,60 @@
+"""`ctbuild doctor` reports the real toolchain and catches an unusable cache dir."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import run_cli
+
+
+def test_doctor_reports_toolchain(tmp_path: Path) -> None:
+    proc = run_cli("doctor", "--cache", str(tmp_path / "cache"), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["cuda_tile"] == "1.7.0"
+    assert len(report["toolchain"]["fingerprint"]) == 32
+    assert Path(report["toolchain"]["paths"]["tileiras"]).name == "tileiras"
+    assert report["toolchain"]["bytecode_version"] == "13.4"
+    assert report["cache"]["writable"] is True
+    assert report["problems"] == []
+
+
+def test_doctor_flags_unusable_cache_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc = run_cli("doctor", "--cache", str(blocker / "cache"))
+    assert proc.returncode == 1
+    assert "PROBLEM: cache dir" in proc.stdout
+
+
+def test_unclassified_cutile_env_var_is_an_error(tmp_path: Path) -> None:
+    proc = run_cli("doctor", "--cache", str(tmp_path), env={"CUDA_TILE_SOMETHING_NEW": "1"})
+    assert proc.returncode == 1
+    assert "unclassified cuTile env var(s) CUDA_TILE_SOMETHING_NEW" in proc.stdout
+
+
+def test_key_env_var_changes_fingerprint(tmp_path: Path) -> None:
+    base = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path)).stdout)
+    debug = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path),
+                               env={"EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD": "1"}).stdout)
+    neutral = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path),
+                                 env={"CUDA_TILE_LOGS": "CUTILEIR"}).stdout)
+    assert debug["toolchain"]["fingerprint"] != base["toolchain"]["fingerprint"]
+    assert neutral["toolchain"]["fingerprint"] == base["toolchain"]["fingerprint"]
+
+
+def test_cuda_home_with_older_toolkit_is_flagged(tmp_path: Path, monkeypatch) -> None:
+    """A system tileiras (not the pip one) uses $CUDA_HOME's ptxas: an older one breaks it."""
+    from ctbuild import toolchain
+    real_tileiras, _ = toolchain.find_tileiras()
+    home = tmp_path / "cuda-13.0"
+    (home / "bin").mkdir(parents=True)
+    ptxas = home / "bin" / "ptxas"
+    ptxas.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.48'\n")
+    ptxas.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    monkeypatch.setattr(toolchain, "find_tileiras", lambda: (real_tileiras, True))
+    problem = toolchain.cuda_home_problem()
+    assert problem is not None and "13.0" in problem and "unset CUDA_HOME" in problem
+    monkeypatch.setattr(toolchain, "find_tileiras", lambda: (real_tileiras, False))
+    assert toolchain.cuda_home_problem() is None  # the pip tileiras ignores CUDA_HOME
