@@ -1,9 +1,139 @@
-"""``ctbuild tune`` (placeholder until tuning lands)."""
+"""``ctbuild tune``: measure the precompiled candidates on this GPU and record the winners."""
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import add_project_args, fail, guarded, print_json, project_from_args
+
+EPILOG = """\
+examples:
+  ctbuild tune --config examples/ctbuild.toml --cache /cache
+  ctbuild tune --config examples/ctbuild.toml --compile-missing --report tune.html
+  ctbuild tune --kernel matmul --retune --json
+
+For every declared kernel x workload, on this GPU's arch, every precompiled candidate is
+measured with cuTile's exhaustive_search (CUDA graph per sample, L2 flush, 95% CI) from the
+cache's CUBINs: nothing is compiled while measuring. A candidate without a CUBIN is reported
+(or compiled first, in a local process pool, with --compile-missing). A failing, faulting or
+hanging candidate is recorded as failed; the others still get measured. Tuned entries are
+skipped unless --retune. Exit 0 when every kernel x workload got a record, 1 when some did not,
+2 on bad input.
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
-    p = sub.add_parser(name, help=summary, description=summary)
-    p.set_defaults(run=lambda args: 2)
+    p = sub.add_parser(name, help=summary, description=summary, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_project_args(p, archs=False)
+    p.add_argument("--report", metavar="PATH",
+                   help="write an HTML report (charts of candidate times) and PATH.json")
+    p.add_argument("--retune", action="store_true",
+                   help="measure again entries that already have a tuning record")
+    p.add_argument("--compile-missing", action="store_true",
+                   help="compile candidates with no CUBIN in a local process pool (pipelined "
+                        "with measuring) instead of reporting them")
+    p.add_argument("--kernel", metavar="NAME", action="append", default=[],
+                   help="tune only this kernel (repeatable, or comma-separated)")
+    p.add_argument("--timeout", metavar="S", type=_positive, default=10.0,
+                   help="seconds a candidate's first launch may take before it is recorded as "
+                        "hung (default: 10)")
+    p.add_argument("--workers", metavar="N", type=int, default=None,
+                   help="compile processes for --compile-missing (default: CPUs - 1, max 16)")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="tune in this process (default: a supervised child process, restarted "
+                        "without a candidate that kills its CUDA context)")
+    p.set_defaults(run=guarded(run))
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _fmt_us(v: Any) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _line(s: dict[str, Any]) -> str:
+    status = s["status"]
+    head = f"{status:<8} {s['kernel']:<14} {s['workload'][:60]:<60}"
+    if s.get("winner") is None:
+        return f"{head} {s.get('note', '')}"
+    fails = len(s.get("failures", []))
+    speed = s.get("speedup_vs_default")
+    return (f"{head} {_fmt_us(s['mean_us'])}±{_fmt_us(s['ci_us'])} us  default "
+            f"{_fmt_us(s['default_us'])} us" + (f" ({speed:.2f}x)" if speed else "")
+            + f"  winner {s['winner']}" + (f"  {fails} failed" if fails else ""))
+
+
+def run(args: argparse.Namespace) -> int:
+    from cache import Store
+    from ..tuning import (TuneOptions, current_device, entries_for, run_isolated, tune_entries,
+                          toolchain_for)
+
+    project = project_from_args(args)
+    kernels = project.kernels()
+    only = [n for item in args.kernel for n in item.split(",") if n]
+    names = {k.name for k in kernels}
+    if unknown := [n for n in only if n not in names]:
+        return fail(f"unknown kernel(s) {unknown}; declared: {', '.join(sorted(names))}")
+    entries = entries_for(kernels, only)
+    if not entries:
+        return fail("no kernel x workload to tune (declare workloads=[...])")
+    try:
+        device = current_device()
+    except RuntimeError as exc:
+        return fail(str(exc), 1)
+    store = Store(project.cache_dir)
+    fp = toolchain_for(store)
+    opts = TuneOptions(retune=args.retune, compile_missing=args.compile_missing,
+                       timeout_s=args.timeout, cap=project.cap,
+                       paths=[str(p) for p in project.paths], workers=args.workers)
+    quiet = bool(args.json)
+
+    def emit(s: dict[str, Any]) -> None:
+        if not quiet:
+            print(_line(s), flush=True)
+
+    if not quiet:
+        print(f"tuning {len(entries)} kernel x workload(s) on {device.name} ({device.arch}), "
+              f"cache {project.cache_dir}, toolchain {fp[:12]}", flush=True)
+    start = time.perf_counter()
+    if args.no_isolate:
+        summaries = tune_entries(entries, store, opts, device=device, toolchain_fp=fp, emit=emit)
+    else:
+        config = str(project.path.resolve()) if project.path else None
+        summaries = run_isolated(config, str(project.cache_dir), entries, opts, only=only,
+                                 emit=emit)
+    out = {
+        "gpu": device.name, "arch": device.arch, "driver": device.driver, "toolchain": fp,
+        "cache": str(project.cache_dir), "seconds": round(time.perf_counter() - start, 3),
+        "tuned": sum(s["status"] == "tuned" for s in summaries),
+        "skipped": sum(s["status"] == "skipped" for s in summaries),
+        "failed": sum(s["status"] == "failed" for s in summaries),
+        "compiles_during_measurement": sum(
+            s.get("compiles_during_measurement", 0) for s in summaries if s["status"] == "tuned"),
+        "entries": summaries,
+    }
+    if args.report:
+        from ..tune_report import write_report
+        html_path, json_path = write_report(Path(args.report), out)
+        if not quiet:
+            print(f"report: {html_path} (data: {json_path})")
+    if quiet:
+        print_json(out)
+    else:
+        print(f"{out['tuned']} tuned, {out['skipped']} skipped (already tuned), {out['failed']} "
+              f"failed in {out['seconds']:.1f} s; compiles during measurement: "
+              f"{out['compiles_during_measurement']}")
+    sys.stdout.flush()
+    return 0 if out["failed"] == 0 else 1
