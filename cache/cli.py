@@ -1,0 +1,225 @@
+"""The ``ctbuild cache`` subcommands: stats, ls, verify, gc, rm, export, import.
+
+The main ``ctbuild`` CLI calls :func:`add_cache_parser` to register them and
+:func:`run_cache_command` to run them; ``python -m cache`` does the same with a parser of its own.
+Exit codes: 0 done, 1 ``verify`` found problems or ``rm`` matched nothing, 2 bad input or an
+unusable cache (the message says what and what to do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import CacheError
+from .store import Store
+
+DEFAULT_CACHE_DIR = "./.ctbuild-cache"
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
+
+EPILOG = """\
+The cache directory is --cache, else $CTBUILD_CACHE_DIR, else the project config, else ./.ctbuild-cache.
+Every command takes --json for machine-readable output.
+
+examples:
+  ctbuild cache stats                          counts and bytes
+  ctbuild cache ls --kernel matmul             entries of one kernel
+  ctbuild cache verify                         re-hash every blob; exit 1 if anything is wrong
+  ctbuild cache verify --repair                ... and drop what is broken, so precompile rebuilds it
+  ctbuild cache gc --size-limit 2G             drop orphans, evict least-recently-used CUBINs to 2 GiB
+  ctbuild cache rm matmul                      forget one kernel (then gc reclaims its blobs)
+  ctbuild cache export --arch sm_90 h200.tgz   ship the sm_90 part of the cache
+  ctbuild cache import h200.tgz                merge a bundle (verified first; idempotent)
+"""
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '2G', '512M', '1.5GiB', '1048576' (binary units: K = 1024)."""
+    match = SIZE_RE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 2G, 512M)")
+    return int(float(match.group(1)) * UNITS[match.group(2).upper()])
+
+
+def parse_archs(text: str) -> list[str]:
+    archs = [arch.strip() for arch in text.split(",") if arch.strip()]
+    if not archs:
+        raise argparse.ArgumentTypeError(f"invalid --arch {text!r}: give comma-separated archs, e.g. sm_90,sm_100")
+    return archs
+
+
+def add_cache_parser(subparsers: Any) -> None:
+    """Add ``cache`` and its subcommands to an argparse subparsers object."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache", dest="cache_dir", metavar="DIR",
+                        help="cache directory (default: $CTBUILD_CACHE_DIR, the project config, ./.ctbuild-cache)")
+    common.add_argument("--json", action="store_true", help="print the result as JSON")
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    cache = subparsers.add_parser("cache", help="inspect and maintain the kernel cache", epilog=EPILOG, formatter_class=fmt,
+                                  description="Inspect and maintain the content-addressed kernel cache "
+                                              "(CUBINs, compile entries, tuning records).")
+    sub = cache.add_subparsers(dest="cache_command", metavar="COMMAND", required=True)
+    sub.add_parser("stats", parents=[common], help="counts and bytes", description="Counts of blobs, compile entries, "
+                   "tuning records and toolchains, and blob bytes. Works on read-only caches.")
+
+    ls = sub.add_parser("ls", parents=[common], help="list compile entries and tuning records",
+                        description="List compile entries (kernel, arch, key prefix, CUBIN size, symbol) and tuning "
+                                    "records (kernel, arch, key prefix, winner's compile key prefix).")
+    ls.add_argument("--kernel", help="only this kernel")
+    ls.add_argument("--arch", help="only this arch, e.g. sm_90")
+
+    verify = sub.add_parser("verify", parents=[common], help="check every blob and entry (exit 1 on problems)",
+                            description="Re-hash every blob, check every compile entry has a valid blob and every "
+                                        "tuning record's winner exists. Exit 1 if anything is wrong.")
+    verify.add_argument("--repair", action="store_true",
+                        help="remove broken entries and quarantine corrupt blobs, so the next precompile rebuilds them")
+
+    gc = sub.add_parser("gc", parents=[common], help="drop orphans; evict least-recently-used entries to a size",
+                        epilog="example: ctbuild cache gc --size-limit 2G", formatter_class=fmt,
+                        description="Remove blobs no entry uses and files of interrupted writes, then (with a size "
+                                    "limit) evict least-recently-used compile entries and their CUBINs until blob "
+                                    "bytes fit. Tuned winners are kept unless --evict-tuned.")
+    gc.add_argument("--size-limit", type=parse_size, metavar="SIZE", help="target blob bytes, e.g. 2G, 500M (K/M/G/T = 1024^n)")
+    gc.add_argument("--evict-tuned", action="store_true",
+                    help="also evict tuned winners (last), dropping the tuning records that name them")
+    gc.add_argument("--orphan-grace", type=float, default=600.0, metavar="SECONDS",
+                    help="keep orphans younger than this: they may belong to a write in progress (default 600)")
+
+    rm = sub.add_parser("rm", parents=[common], help="drop one kernel's entries",
+                        epilog="example: ctbuild cache rm matmul --key 3f2a...", formatter_class=fmt,
+                        description="Drop the compile entries and tuning records of KERNEL (or just the entry KEY). "
+                                    "Their CUBINs are reclaimed by the next `ctbuild cache gc`. Exit 1 if nothing matched.")
+    rm.add_argument("kernel", metavar="KERNEL", help="kernel name, as in `ctbuild cache ls`")
+    rm.add_argument("--key", help="only this compile or tuning key (full key, see `ctbuild cache ls --json`)")
+
+    export = sub.add_parser("export", parents=[common], help="write entries and CUBINs to a bundle file",
+                            epilog="example: ctbuild cache export --arch sm_90,sm_100 kernels.tgz", formatter_class=fmt,
+                            description="Write compile entries, tuning records, toolchain profiles and the CUBINs they "
+                                        "need to a tar bundle (.tar, .tar.gz/.tgz or .tar.xz by suffix).")
+    export.add_argument("file", metavar="FILE", type=Path, help="bundle to write (replaced atomically)")
+    export.add_argument("--arch", type=parse_archs, metavar="ARCHS", help="only these archs, comma-separated: sm_90,sm_100")
+
+    imp = sub.add_parser("import", parents=[common], help="merge a bundle into the cache",
+                         description="Verify a bundle completely (paths, format version, every digest), then merge it. "
+                                     "A bad bundle is refused with nothing written; importing twice changes nothing.")
+    imp.add_argument("file", metavar="FILE", type=Path, help="bundle made by `ctbuild cache export`")
+
+
+def cache_dir(args: argparse.Namespace) -> Path:
+    """--cache > $CTBUILD_CACHE_DIR > the project config (args.config_cache_dir) > ./.ctbuild-cache."""
+    return Path(args.cache_dir or os.environ.get("CTBUILD_CACHE_DIR") or getattr(args, "config_cache_dir", None) or DEFAULT_CACHE_DIR)
+
+
+def run_cache_command(args: argparse.Namespace) -> int:
+    """Run the parsed ``cache`` subcommand; returns the exit code."""
+    command = args.cache_command
+    path = cache_dir(args)
+    try:
+        if command != "import" and not path.is_dir():
+            raise CacheError(f"no cache at {path}: pass --cache DIR or set CTBUILD_CACHE_DIR")
+        with Store(path) as store:
+            result, text, code = COMMANDS[command](store, args)
+    except CacheError as exc:
+        if args.json:
+            print(json.dumps({"error": str(exc)}))
+        print(f"ctbuild cache {command}: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else text)
+    return code
+
+
+def _stats(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
+    s = store.stats()
+    limit = "none" if s["size_limit"] is None else _size(s["size_limit"])
+    text = "\n".join([
+        f"cache        {s['path']}{' (read-only)' if s['readonly'] else ''}",
+        f"blobs        {s['blobs']} ({_size(s['bytes'])})",
+        f"compile      {s['compile_entries']} entries",
+        f"tuning       {s['tuning_records']} records",
+        f"toolchains   {s['toolchains']}",
+        f"size limit   {limit}",
+    ])
+    return s, text, 0
+
+
+def _ls(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
+    def wanted(entry: dict[str, Any]) -> bool:
+        return (args.kernel is None or entry.get("kernel") == args.kernel) and (args.arch is None or entry.get("arch") == args.arch)
+
+    compiles = [{"key": k, **{f: e.get(f) for f in ("kernel", "arch", "size", "symbol", "digest", "created")}}
+                for k, e in store.compile_entries() if wanted(e)]
+    tunings = [{"key": k, **{f: r.get(f) for f in ("kernel", "arch", "compile_key", "created")}}
+               for k, r in store.tuning_records() if wanted(r)]
+    rows = [("KIND", "KERNEL", "ARCH", "KEY", "SIZE", "SYMBOL / WINNER")]
+    rows += [("compile", str(c["kernel"]), str(c["arch"]), c["key"][:16], _size(c["size"] or 0), str(c["symbol"])) for c in compiles]
+    rows += [("tuning", str(t["kernel"]), str(t["arch"]), t["key"][:16], "", t["compile_key"][:16]) for t in tunings]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5] for row in rows]
+    lines.append(f"{len(compiles)} compile entries, {len(tunings)} tuning records")
+    return {"compile": compiles, "tuning": tunings}, "\n".join(lines), 0
+
+
+def _verify(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
+    result = store.verify(repair=args.repair)
+    checked = ", ".join(f"{n} {what}" for what, n in result["checked"].items())
+    lines = [f"checked {checked}"]
+    lines += [f"  {p['kind']}: {p['namespace']} {p['key']}: {p['detail']}" for p in result["problems"]]
+    if result["ok"]:
+        lines.append("ok")
+    elif args.repair:
+        lines.append(f"{len(result['problems'])} problem(s); repaired {result['repaired']}: re-run precompile to rebuild")
+    else:
+        lines.append(f"{len(result['problems'])} problem(s): `ctbuild cache verify --repair` removes them")
+    return result, "\n".join(lines), 0 if result["ok"] else 1
+
+
+def _gc(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
+    r = store.gc(size_limit=args.size_limit, evict_tuned=args.evict_tuned, orphan_grace_s=args.orphan_grace)
+    text = (f"removed {r['orphan_blobs_removed']} orphan blobs, {r['stray_files_removed']} stray files; "
+            f"evicted {r['evicted_entries']} entries ({r['evicted_blobs']} blobs, {r['dropped_tuning_records']} tuning records); "
+            f"{_size(r['bytes_before'])} -> {_size(r['bytes_after'])}")
+    if not r["limit_met"]:
+        text += f"\nstill above the limit {_size(r['size_limit'])}: the rest are tuned winners (--evict-tuned evicts them too)"
+    return r, text, 0
+
+
+def _rm(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
+    removed = store.remove_kernel(args.kernel, args.key)
+    what = f"kernel {args.kernel!r}" + (f" key {args.key!r}" if args.key else "")
+    if not removed:
+        return {"removed": 0}, f"nothing matched {what} (see `ctbuild cache ls`)", 1
+    return {"removed": removed}, f"removed {removed} entries of {what}; `ctbuild cache gc` reclaims their CUBINs", 0
+
+
+def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
+    r = store.export_bundle(args.file, archs=args.arch)
+    text = (f"wrote {args.file}: {r['compile_entries']} compile entries, {r['tuning_records']} tuning records, "
+            f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])})")
+    if r["skipped"]:
+        text += f"\nskipped {len(r['skipped'])} entries whose CUBIN is missing or corrupt (see `ctbuild cache verify`)"
+    return r, text, 0
+
+
+def _import(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
+    r = store.import_bundle(args.file)
+    text = (f"imported {args.file}: {r['blobs_added']} new CUBINs, {r['entries_written']} entries written, "
+            f"{r['entries_unchanged']} already present")
+    return r, text, 0
+
+
+COMMANDS = {"stats": _stats, "ls": _ls, "verify": _verify, "gc": _gc, "rm": _rm, "export": _export, "import": _import}
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,21 @@
+"""Exceptions of the cache package.
+
+Everything the cache raises on purpose derives from :class:`CacheError`, so callers (the runtime,
+the farm, the CLI) can tell "the cache is unusable or was misused" apart from bugs.
+"""
+
+
+class CacheError(Exception):
+    """The cache cannot do what was asked (bad bundle, unknown layout, unwritable directory, ...)."""
+
+
+class ReadOnlyCacheError(CacheError):
+    """A write was attempted on a cache opened read-only (explicitly or because its dir is not writable)."""
+
+
+class UnsafeValueError(CacheError):
+    """A stored value or key is not plain bytes/JSON text (e.g. a pickle planted by another tool).
+
+    Raised by the read path *instead of* deserialising it: a shared cache must never execute what
+    someone else wrote into it.
+    """

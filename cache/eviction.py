@@ -1,0 +1,79 @@
+"""Garbage collection and LRU eviction of a store.
+
+Eviction happens only when asked (``Store.gc`` / ``ctbuild cache gc``), never inside a put: a farm of
+writers filling one cache must not evict each other's fresh results mid-build.
+
+Order of work:
+1. value files no row refers to (left by writers killed mid-store) and older than the grace period;
+2. orphan blobs — no compile entry names them — older than the grace period (a blob is committed
+   just before its entry, so a young orphan may be a put in flight);
+3. while blob bytes exceed the limit: compile entries in least-recently-used order (by last
+   ``get_compile``), each with its blob once no other entry shares it. Entries named as a winner by a
+   tuning record are kept — unless ``evict_tuned``, which evicts them last (still LRU) and drops the
+   tuning records that named them, so no record points at nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .store import Store
+
+ORPHAN_GRACE_S = 600.0
+
+
+def collect(store: Store, *, size_limit: int | None, evict_tuned: bool, orphan_grace_s: float) -> dict[str, Any]:
+    """Run the steps above; returns what was removed and whether the limit is met."""
+    ns = store._ns
+    bytes_before = ns.blobs.total_size()
+    cutoff = time.time() - orphan_grace_s
+    stray = 0
+    for namespace in ns.all():
+        for path in namespace.stray_files(cutoff):
+            namespace.remove_file(path)
+            stray += 1
+
+    blob_rows = {row.key: row for row in ns.blobs.rows() if row.key is not None}
+    referenced = {row.tag for row in ns.compile.rows()}
+    orphans = 0
+    for digest, row in blob_rows.items():
+        # Re-check through the tag index right before deleting: an entry may have arrived since the scan.
+        if digest not in referenced and row.store_time < cutoff and not ns.compile.is_tagged(digest):
+            orphans += ns.blobs.delete(digest)
+
+    total = ns.blobs.total_size()
+    evicted = evicted_blobs = dropped_tuning = 0
+    if size_limit is not None and total > size_limit:
+        winners: dict[str, list[str]] = {}
+        for tuning_key, record in store.tuning_records():
+            winners.setdefault(record["compile_key"], []).append(tuning_key)
+        lru = sorted((row for row in ns.compile.rows() if row.key is not None), key=lambda row: row.access_time)
+        order = [row for row in lru if row.key not in winners]
+        if evict_tuned:
+            order += [row for row in lru if row.key in winners]
+        for row in order:
+            if total <= size_limit:
+                break
+            if not ns.compile.delete(row.key):
+                continue
+            evicted += 1
+            for tuning_key in winners.get(row.key, ()):
+                dropped_tuning += ns.tuning.delete(tuning_key)
+            if row.tag and not ns.compile.is_tagged(row.tag) and ns.blobs.delete(row.tag):
+                evicted_blobs += 1
+                total -= blob_rows[row.tag].size if row.tag in blob_rows else 0
+
+    bytes_after = ns.blobs.total_size()
+    return {
+        "stray_files_removed": stray,
+        "orphan_blobs_removed": orphans,
+        "evicted_entries": evicted,
+        "evicted_blobs": evicted_blobs,
+        "dropped_tuning_records": dropped_tuning,
+        "bytes_before": bytes_before,
+        "bytes_after": bytes_after,
+        "size_limit": size_limit,
+        "limit_met": size_limit is None or bytes_after <= size_limit,
+    }

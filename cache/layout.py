@@ -1,0 +1,62 @@
+"""The on-disk layout of a cache directory (see the package docstring) and its version marker."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CacheError
+from .namespace import Namespace
+
+LAYOUT_FILE = "ctbuild-cache.json"
+LAYOUT = {"format": "ctbuild-cache", "version": 1}
+QUARANTINE_DIR = "quarantine"
+
+
+@dataclass(frozen=True)
+class Namespaces:
+    """The four namespaces of one cache directory."""
+
+    blobs: Namespace  # digest -> CUBIN bytes (always a file)
+    compile: Namespace  # compile key -> JSON entry; tag = blob digest
+    tuning: Namespace  # tuning key -> JSON record
+    toolchains: Namespace  # toolchain fingerprint -> JSON profile
+
+    def all(self) -> tuple[Namespace, ...]:
+        return (self.blobs, self.compile, self.tuning, self.toolchains)
+
+
+def open_namespaces(root: Path, *, readonly: bool) -> Namespaces:
+    return Namespaces(
+        blobs=Namespace(root / "blobs", readonly=readonly, inline=False),
+        compile=Namespace(root / "compile", readonly=readonly, inline=True, tag_index=True),
+        tuning=Namespace(root / "tuning", readonly=readonly, inline=True),
+        toolchains=Namespace(root / "toolchains", readonly=readonly, inline=True),
+    )
+
+
+def check_layout(root: Path, *, readonly: bool) -> None:
+    """Refuse a directory written in a layout this code does not know; stamp a new writable one.
+
+    A missing marker on a read-only dir is accepted (an empty or pre-marker cache reads as v1).
+    """
+    marker = root / LAYOUT_FILE
+    try:
+        found = json.loads(marker.read_text())
+    except FileNotFoundError:
+        if not readonly:
+            fd, tmp = tempfile.mkstemp(prefix=f".{LAYOUT_FILE}.", dir=root)
+            with os.fdopen(fd, "w") as out:
+                out.write(json.dumps(LAYOUT) + "\n")
+            os.replace(tmp, marker)  # atomic: concurrent openers all write the same text
+        return
+    except (OSError, ValueError) as exc:
+        raise CacheError(f"{marker} is unreadable ({exc}); is {root} a ctbuild cache?") from None
+    if not isinstance(found, dict) or found.get("format") != LAYOUT["format"] or found.get("version") != LAYOUT["version"]:
+        raise CacheError(
+            f"{root} holds cache layout {found!r}; this ctbuild reads {LAYOUT!r}. "
+            "Use the ctbuild version that wrote it, or point --cache / CTBUILD_CACHE_DIR at a fresh directory."
+        )

@@ -1,0 +1,249 @@
+"""One namespace of the cache: a diskcache directory, written through diskcache, read through our
+own SQLite connection.
+
+Why the split:
+
+* Writes go through ``diskcache.Cache`` with :class:`SafeDisk`: it already solves the hard part of
+  multi-process writing (value file written *before* its row commits, rows changed in SQLite
+  transactions, WAL journal), so a reader sees a key wholly or not at all, and a writer killed
+  mid-store leaves at most an unreferenced file.
+* Reads never go through ``diskcache.Cache``: opening one creates the database and rewrites its
+  Settings table — impossible (and wrong) on a read-only mount. Our reader opens the SQLite file with
+  ``mode=rw`` when writable; on a read-only store with ``mode=ro`` while a writer's WAL is live, else
+  ``immutable=1`` (``mode=ro`` would create ``-wal``/``-shm`` files wherever it can, e.g. as root).
+* diskcache's own LRU policy takes the write lock on every ``get``; we update ``access_time``
+  ourselves with one best-effort UPDATE, and only on lookups the caller wants counted.
+
+Rows use diskcache's schema (``Cache`` table: key, raw, tag, size, store_time, access_time, mode,
+filename, value); the ``tag`` column carries a compile entry's blob digest (indexed).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import diskcache
+from diskcache.core import DBNAME
+
+from .errors import CacheError, ReadOnlyCacheError
+from .safe_disk import SafeDisk
+
+INLINE_LIMIT = 2**30  # JSON values stay inside their SQLite row: one row = one whole entry.
+READ_TIMEOUT_S = 5.0  # busy wait of our connection (WAL readers rarely wait; access-time updates may).
+WRITE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RowInfo:
+    """A row's metadata without its value. ``key`` is None when the stored key is not plain text."""
+
+    rowid: int
+    key: str | None
+    tag: str | None
+    size: int
+    store_time: float
+    access_time: float
+    filename: str | None
+
+
+class Namespace:
+    """A diskcache directory holding one kind of value: ``bytes`` (files) or JSON text (inline)."""
+
+    def __init__(self, directory: Path, *, readonly: bool, inline: bool, tag_index: bool = False) -> None:
+        self.directory = directory
+        self.readonly = readonly
+        self._db = directory / DBNAME
+        min_file_size = INLINE_LIMIT if inline else 0
+        self._disk = SafeDisk(str(directory), min_file_size=min_file_size)
+        self._settings = {
+            "statistics": 0,
+            "eviction_policy": "none",  # eviction is the store's job: it knows which entries are tuned winners
+            "cull_limit": 0,  # never cull inside diskcache's set()
+            "size_limit": 2**62,
+            "tag_index": int(tag_index),
+            "disk_min_file_size": min_file_size,
+        }
+        self._writer: diskcache.Cache | None = None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[tuple[int, sqlite3.Connection]] = []
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _cache(self) -> diskcache.Cache:
+        if self.readonly:
+            raise ReadOnlyCacheError(f"{self.directory} is read-only")
+        with self._lock:
+            if self._writer is None:
+                self._writer = diskcache.Cache(str(self.directory), timeout=WRITE_TIMEOUT_S, disk=SafeDisk, **self._settings)
+            return self._writer
+
+    def _con(self) -> sqlite3.Connection | None:
+        """This thread's (and process's) read connection; None while the database does not exist.
+
+        A read-only store reads ``immutable=1`` while no writer is live (no ``-wal`` file) and switches
+        to ``mode=ro`` — which follows the writer's WAL — as soon as one appears: one stat per query.
+        """
+        pid = os.getpid()
+        con = getattr(self._local, "con", None)
+        if self.readonly:
+            mode = "mode=ro" if Path(f"{self._db}-wal").exists() else "immutable=1"
+            if con is not None and self._local.pid == pid and (self._local.mode == mode or mode == "immutable=1"):
+                return con
+        else:
+            mode = "mode=rw"
+            if con is not None and self._local.pid == pid:
+                return con
+        if con is not None and self._local.pid == pid:  # an immutable connection a writer has outdated
+            with self._lock:
+                self._connections.remove((pid, con))
+            con.close()
+            self._local.con = None
+        if not self._db.exists():
+            return None
+        try:
+            con = sqlite3.connect(
+                f"{self._db.as_uri()}?{mode}", uri=True, timeout=READ_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+            if not self.readonly:
+                con.execute("PRAGMA synchronous = NORMAL")  # as diskcache's writers: WAL commits without fsync
+        except sqlite3.Error as exc:
+            raise CacheError(f"cannot open {self._db}: {exc}") from None
+        self._local.pid, self._local.con, self._local.mode = pid, con, mode
+        with self._lock:
+            self._connections.append((pid, con))
+        return con
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        con = self._con()
+        if con is None:
+            return []
+        try:
+            return con.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []  # database file exists but its first writer has not created the table yet
+            raise CacheError(f"cannot read {self._db}: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise CacheError(f"cannot read {self._db}: {exc} (run `ctbuild cache verify`)") from None
+
+    def close(self) -> None:
+        """Release connections opened by this process; the namespace reopens them on next use."""
+        pid = os.getpid()
+        with self._lock:
+            mine = [con for owner, con in self._connections if owner == pid]
+            self._connections = []
+            writer, self._writer = self._writer, None
+        for con in mine:
+            con.close()
+        self._local = threading.local()
+        if writer is not None:
+            writer.close()
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, key: str) -> tuple[RowInfo, bytes | str] | None:
+        """The row and value of ``key``, or None. Raises UnsafeValueError for a pickled value."""
+        rows = self._query(
+            "SELECT rowid, tag, size, store_time, access_time, mode, filename, value"
+            " FROM Cache WHERE key = ? AND raw = 1",
+            (key,),
+        )
+        if not rows:
+            return None
+        rowid, tag, size, store_time, access_time, mode, filename, value = rows[0]
+        try:
+            data = self._disk.fetch(mode, filename, value, False)
+        except OSError:
+            return None  # its file was removed (gc/quarantine) after we read the row
+        return RowInfo(rowid, key, tag, size, store_time, access_time, filename), data
+
+    def value_of(self, info: RowInfo) -> bytes | str | None:
+        """The value of a row listed by :meth:`rows` (None if it has gone since)."""
+        rows = self._query("SELECT mode, filename, value FROM Cache WHERE rowid = ?", (info.rowid,))
+        if not rows:
+            return None
+        try:
+            return self._disk.fetch(*rows[0], False)
+        except OSError:
+            return None
+
+    def contains(self, key: str) -> bool:
+        return bool(self._query("SELECT 1 FROM Cache WHERE key = ? AND raw = 1", (key,)))
+
+    def tag_of(self, key: str) -> tuple[bool, str | None]:
+        """(whether ``key`` exists, its tag) — one indexed lookup, no value read."""
+        rows = self._query("SELECT tag FROM Cache WHERE key = ? AND raw = 1", (key,))
+        return (True, rows[0][0]) if rows else (False, None)
+
+    def is_tagged(self, tag: str) -> bool:
+        return bool(self._query("SELECT 1 FROM Cache WHERE tag = ? LIMIT 1", (tag,)))
+
+    def rows(self) -> list[RowInfo]:
+        """Metadata of every row (a snapshot list, so callers may write while walking it)."""
+        return [
+            RowInfo(rowid, key if raw == 1 and type(key) is str else None, tag, size, store_time, access_time, filename)
+            for rowid, key, raw, tag, size, store_time, access_time, filename in self._query(
+                "SELECT rowid, key, raw, tag, size, store_time, access_time, filename FROM Cache ORDER BY rowid"
+            )
+        ]
+
+    def count(self) -> int:
+        rows = self._query("SELECT COUNT(*) FROM Cache")
+        return rows[0][0] if rows else 0
+
+    def total_size(self) -> int:
+        rows = self._query("SELECT COALESCE(SUM(size), 0) FROM Cache")
+        return rows[0][0] if rows else 0
+
+    def stray_files(self, older_than: float) -> list[Path]:
+        """Value files no row refers to, last modified before ``older_than`` (epoch seconds).
+
+        They are what a writer killed between writing a value file and committing its row leaves;
+        the age limit spares files whose writer is about to commit.
+        """
+        referenced = {row.filename for row in self.rows() if row.filename}
+        stray = []
+        for path in self.directory.glob("??/??/*.val"):
+            name = str(path.relative_to(self.directory))
+            try:
+                if name not in referenced and path.stat().st_mtime < older_than:
+                    stray.append(path)
+            except FileNotFoundError:
+                continue
+        return stray
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def set(self, key: str, value: bytes | str, *, tag: str | None = None) -> None:
+        self._cache().set(key, value, tag=tag, retry=True)
+
+    def add(self, key: str, value: bytes | str) -> bool:
+        """Insert unless present (atomic across processes); never replaces, so readers never race a replacement."""
+        return self._cache().add(key, value, retry=True)
+
+    def delete(self, key: str) -> bool:
+        return self._cache().delete(key, retry=True)
+
+    def touch(self, rowid: int) -> None:
+        """Record an access for LRU eviction. Best effort: a busy database only skips the update."""
+        con = self._con()
+        if con is None or self.readonly:
+            return
+        try:
+            con.execute("UPDATE Cache SET access_time = ? WHERE rowid = ?", (time.time(), rowid))
+        except sqlite3.OperationalError:
+            pass
+
+    def remove_file(self, path: Path) -> None:
+        if self.readonly:
+            raise ReadOnlyCacheError(f"{self.directory} is read-only")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
