@@ -1,10 +1,25 @@
-"""``ctbuild cache ...``: the cache's own CLI (in the `cache` package), wired in here."""
+"""``ctbuild cache ...``: the cache's own CLI (in the `cache` package), wired in here.
+
+The `cache` package knows nothing of ctbuild's config files, so this wrapper tells it the
+cache_dir of the project config found in the current directory, if any.
+"""
 from __future__ import annotations
 
 import argparse
 
+from ..config import ConfigError, load_project
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
-    from cache.cli import add_cache_parser, run_cache_command
+    from cache.cli import add_cache_parser
     add_cache_parser(sub)
-    sub.choices[name].set_defaults(run=run_cache_command)
+    sub.choices[name].set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cache.cli import run_cache_command
+    try:
+        args.config_cache_dir = str(load_project().cache_dir)
+    except ConfigError:
+        args.config_cache_dir = None
+    return run_cache_command(args)
