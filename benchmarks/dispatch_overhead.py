@@ -1,0 +1,102 @@
+"""Host overhead per call of a declared kernel over a raw ``ct.launch``.
+
+    CTBUILD_CACHE_DIR=DIR python benchmarks/dispatch_overhead.py [--calls 200] [--rounds 30]
+
+For each example kernel (first declared workload, warm from the cache in DIR, strict mode):
+times ``N`` back-to-back host calls of
+  raw:     ct.launch(stream, grid, served_kernel, kernel_args)   (everything precomputed)
+  call:    kernel(a, b, c)                (current torch stream looked up per call)
+  launch:  kernel.launch(stream, a, b, c)
+with N below the launch-queue depth so the GPU never pushes back, rounds interleaved,
+median per call. Prints microseconds per call and the overhead over raw (target <= 2 us).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (str(ROOT), str(ROOT / "tests"), str(ROOT / "examples")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+
+def per_call_us(fn, calls: int) -> float:
+    import torch
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", default=os.environ.get("CTBUILD_CACHE_DIR"))
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if not args.cache:
+        parser.error("give --cache or CTBUILD_CACHE_DIR (a warm cache: benchmarks/warm_start.py)")
+    import cuda.tile as ct
+    import torch
+
+    import gpu_runtime_examples as ex
+    from ctbuild import runtime
+    runtime.configure(cache_dir=args.cache, mode="strict")
+    out = {"device": torch.cuda.get_device_name(), "calls": args.calls, "rounds": args.rounds,
+           "kernels": {}}
+    print(f"dispatch overhead on {out['device']} ({args.rounds} rounds x {args.calls} calls, "
+          "median us per call)")
+    print(f"{'kernel':14} {'raw':>7} {'call':>7} {'launch':>7} {'call-raw':>9} {'launch-raw':>11}"
+          f" {'call/raw':>9} {'key+dict':>9} {'stream':>7}")
+    for name, tuned in ex.load_examples().items():
+        a, _ = ex.gpu_case(tuned, 0)
+        tuned(*a)
+        torch.cuda.synchronize()
+        entry = tuned.runtime._entries[-1]
+        grid, kernel, kargs = entry.grid, entry.kernel, entry.build(a)
+        stream = torch.cuda.current_stream()
+        variants = {
+            "raw": lambda: ct.launch(stream, grid, kernel, kargs),
+            "call": lambda: tuned(*a),
+            "launch": lambda: tuned.launch(stream, *a),
+        }
+        rt = tuned.runtime
+        parts = {  # host-only pieces of the call path, no launch: where the overhead goes
+            "key_lookup": lambda: rt._fast[rt._key(*a)],
+            "stream_lookup": lambda: rt._stream_of(0),
+        }
+        part_us = {k: min(per_call_us(fn, 2000) for _ in range(5)) for k, fn in parts.items()}
+        for fn in variants.values():  # warm-up
+            per_call_us(fn, 20)
+        samples: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(args.rounds):
+            for k, fn in variants.items():
+                samples[k].append(per_call_us(fn, args.calls))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        row = {**{f"{k}_us": v for k, v in med.items()},
+               "call_overhead_us": med["call"] - med["raw"],
+               "launch_overhead_us": med["launch"] - med["raw"],
+               "call_ratio": med["call"] / med["raw"],
+               **{f"{k}_us": v for k, v in part_us.items()}}
+        out["kernels"][name] = row
+        print(f"{name:14} {med['raw']:7.2f} {med['call']:7.2f} {med['launch']:7.2f} "
+              f"{row['call_overhead_us']:9.2f} {row['launch_overhead_us']:11.2f} "
+              f"{row['call_ratio']:9.2f} {part_us['key_lookup']:9.2f} "
+              f"{part_us['stream_lookup']:7.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

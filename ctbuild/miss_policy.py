@@ -1,0 +1,197 @@
+"""What the runtime does when the cache lacks a tuning record or a CUBIN (``CTBUILD_MODE``).
+
+- ``strict``: raise `CacheMissError`, naming the kernel, the key, the arch and the command that
+  fixes it. For production images that must never compile or tune at run time.
+- ``default`` (the default): use the kernel's default config; JIT-compile a missing CUBIN and
+  write it back when the cache is writable and the local toolchain is the cache's.
+- ``tune``: tune online over the kernel's candidates for this arch (measured on this GPU), record
+  the winner, JIT-compiling what is missing.
+
+``CTBUILD_DISABLE_AUTOTUNE=1`` always uses the default config (tuning records are not read).
+Every miss is counted and logged once per key; ``CTBUILD_RECORD=FILE`` appends each distinct
+missed (kernel, workload, arch) as a JSON line for ``ctbuild precompile --from-record FILE``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .specs import spec_to_json
+
+log = logging.getLogger("ctbuild.runtime")
+
+MODES = ("strict", "default", "tune")
+DEFAULT_MODE = "default"
+TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+class RuntimeConfigError(ValueError):
+    """A runtime setting (env var) has a value ctbuild does not understand."""
+
+
+class CacheMissError(LookupError):
+    """Strict mode: the cache has no tuning record or no CUBIN for this call."""
+
+    def __init__(self, message: str, *, kernel: str, what: str, key: str, arch: str) -> None:
+        super().__init__(message)
+        self.kernel, self.what, self.key, self.arch = kernel, what, key, arch
+
+
+def parse_mode(value: str | None) -> str:
+    mode = (value or DEFAULT_MODE).strip().lower()
+    if mode not in MODES:
+        raise RuntimeConfigError(
+            f"CTBUILD_MODE={value!r} is not one of {', '.join(MODES)} "
+            "(strict: a miss is an error; default: default config + JIT; tune: tune online)")
+    return mode
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in TRUE_WORDS
+
+
+@dataclass
+class Settings:
+    """Runtime settings, from the environment unless given."""
+    cache_dir: Path
+    mode: str = DEFAULT_MODE
+    disable_autotune: bool = False
+    record: Path | None = None
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        record = os.environ.get("CTBUILD_RECORD")
+        return cls(cache_dir=Path(os.environ.get("CTBUILD_CACHE_DIR") or ".ctbuild-cache"),
+                   mode=parse_mode(os.environ.get("CTBUILD_MODE")),
+                   disable_autotune=env_flag("CTBUILD_DISABLE_AUTOTUNE"),
+                   record=Path(record) if record else None)
+
+
+def _short(text: str, n: int = 16) -> str:
+    return text if len(text) <= n else text[:n]
+
+
+def tuning_miss_message(*, kernel: str, module: str, tuning_key: Any, arch: str, gpu: str,
+                        key: str, toolchain_fp: str | None, cache_dir: Path,
+                        workload: dict[str, Any]) -> str:
+    where = (f"toolchain {_short(toolchain_fp)}" if toolchain_fp else
+             "no toolchain recorded in the cache for this cuda-tile version and env")
+    return (
+        f"ctbuild: no tuning record for kernel {kernel!r} ({module}) on {arch} ({gpu}): "
+        f"tuning key {json.dumps(tuning_key)}, record key {key}, {where}, cache {cache_dir}.\n"
+        f"  workload: {json.dumps(workload)}\n"
+        f"  Fix: add this workload to the kernel's workloads=[...] (or record misses with "
+        f"CTBUILD_RECORD=misses.jsonl and use `ctbuild precompile --from-record misses.jsonl "
+        f"--arch {arch}`), then run `ctbuild precompile --config ctbuild.toml --arch {arch}` "
+        f"and `ctbuild tune --config ctbuild.toml` on a {gpu} with CTBUILD_CACHE_DIR="
+        f"{cache_dir}.\n"
+        f"  Or set CTBUILD_MODE=default (default config, JIT) or CTBUILD_MODE=tune (tune online).")
+
+
+def cubin_miss_message(*, kernel: str, module: str, config: Any, arch: str, key: str,
+                       toolchain_fp: str | None, cache_dir: Path, workload: dict[str, Any] | None,
+                       why: str = "") -> str:
+    where = (f"toolchain {_short(toolchain_fp)}" if toolchain_fp else
+             "no toolchain recorded in the cache for this cuda-tile version and env")
+    shown = f"\n  workload: {json.dumps(workload)}" if workload is not None else ""
+    return (
+        f"ctbuild: no CUBIN in the cache for kernel {kernel!r} ({module}) config "
+        f"{json.dumps(config)} on {arch}: compile key {key}, {where}, cache {cache_dir}"
+        f"{' (' + why + ')' if why else ''}.{shown}\n"
+        f"  Fix: `ctbuild precompile --config ctbuild.toml --arch {arch}` with CTBUILD_CACHE_DIR="
+        f"{cache_dir} (add this workload to workloads=[...], or record misses with "
+        f"CTBUILD_RECORD=misses.jsonl and use `ctbuild precompile --from-record misses.jsonl "
+        f"--arch {arch}`).\n"
+        f"  Or set CTBUILD_MODE=default to JIT-compile it (needs tileiras).")
+
+
+@dataclass
+class MissLog:
+    """Counts every miss, logs each key once, appends distinct misses to the record file."""
+    record: Path | None = None
+    counts: Counter = field(default_factory=Counter)
+    _logged: set = field(default_factory=set)
+    _recorded: set | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def miss(self, what: str, kernel: str, key: str, message: str) -> bool:
+        """Count a miss; log it the first time this (what, kernel, key) is seen. Returns
+        whether it was the first time."""
+        with self._lock:
+            self.counts[(kernel, what)] += 1
+            first = (what, kernel, key) not in self._logged
+            self._logged.add((what, kernel, key))
+        if first:
+            log.warning("%s", message.splitlines()[0])
+        return first
+
+    def write_record(self, kernel: str, workload: dict[str, Any], arch: str) -> bool:
+        """Append ``{"kernel", "workload", "arch"}`` once per distinct triple (also across
+        processes appending to the same file: lines already there are not repeated).
+        Workloads that differ only in what cannot change the CUBIN (alignment >= 16 bytes,
+        scalar example values) count as one: the first one seen is written."""
+        if self.record is None:
+            return False
+        line = json.dumps({"kernel": kernel, "workload": workload, "arch": arch})
+        canon = _canonical_line(line)
+        with self._lock:
+            if self._recorded is None:
+                self._recorded = set()
+                try:
+                    with open(self.record, encoding="utf-8") as f:
+                        self._recorded.update(_canonical_line(s) for s in f if s.strip())
+                except OSError:
+                    pass
+            if canon in self._recorded:
+                return False
+            self._recorded.add(canon)
+            try:
+                self.record.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, (line + "\n").encode())
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                log.error("ctbuild: cannot append to CTBUILD_RECORD=%s: %s", self.record, exc)
+                return False
+        return True
+
+    def total(self, kernel: str | None = None) -> dict[str, int]:
+        with self._lock:
+            out: Counter = Counter()
+            for (k, what), n in self.counts.items():
+                if kernel is None or k == kernel:
+                    out[what] += n
+            return dict(out)
+
+
+def _canonical_line(text: str) -> str:
+    """What makes two record lines the same miss: alignments of 16 bytes or more are one
+    (the launch signature only sees pointer % 16), scalar example values do not count."""
+    try:
+        return json.dumps(_compile_relevant(json.loads(text)), sort_keys=True)
+    except ValueError:
+        return text.strip()
+
+
+def _compile_relevant(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {k: _compile_relevant(v) for k, v in value.items()
+               if not (k == "example" and "scalar" in value)}
+        if "tensor" in out and isinstance(out.get("align"), int):
+            out["align"] = min(out["align"], 16)
+        return out
+    if isinstance(value, list):
+        return [_compile_relevant(v) for v in value]
+    return value
+
+
+def workload_json(spec_workload: Any) -> dict[str, Any]:
+    return {name: spec_to_json(v) for name, v in spec_workload.items()}

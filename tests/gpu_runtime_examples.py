@@ -1,0 +1,201 @@
+"""Shared by the runtime tests and benchmarks: the example kernels, their inputs and torch
+references, and building a warm cache in-process (precompile in a local process pool -- no Ray
+-- then tune on this GPU).
+
+Importable without a GPU (the CPU tests use `load_examples` and `host_tensors`).
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+MODULES = ("demo_kernels.elementwise", "demo_kernels.rmsnorm", "demo_kernels.matmul",
+           "demo_kernels.rope")
+NAMES = ("silu_mul", "rmsnorm", "matmul", "rope_inplace")
+ARCH = "sm_90"
+
+
+def load_examples() -> dict[str, Any]:
+    """name -> TunedKernel of the four example kernels."""
+    import importlib
+    for p in (str(ROOT), str(EXAMPLES)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    for m in MODULES:
+        importlib.import_module(m)
+    from ctbuild import registered
+    found = {k.name: k for k in registered() if k.module in MODULES}
+    return {n: found[n] for n in NAMES}
+
+
+# ---- real inputs and references -----------------------------------------------------------
+def torch_dtype(name: str) -> Any:
+    import torch
+    return getattr(torch, name)
+
+
+def host_tensors(w: Any, device: str = "cpu", seed: int = 0) -> tuple:
+    """Real arguments (positional, in the kernel's call order) for a spec workload."""
+    import torch
+    from ctbuild import Scalar, Tensor
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    out = []
+    for v in w.values():
+        if isinstance(v, Tensor):
+            t = torch.empty_strided(v.shape, v.strides, dtype=torch.float32)
+            t.copy_(torch.rand(v.shape, generator=g) * 2 - 1)
+            out.append(t.to(device=device, dtype=torch_dtype(v.dtype)))
+        elif isinstance(v, Scalar):
+            out.append(v.value())
+        else:
+            out.append(v)
+    return tuple(out)
+
+
+def reference(name: str, args: tuple) -> tuple[int, Any]:
+    """(index of the output argument, expected value) computed with torch from the inputs
+    (call this before the kernel runs: rope_inplace overwrites its input)."""
+    import torch
+    if name == "silu_mul":
+        x, y, out = args
+        return 2, (torch.nn.functional.silu(x.float()) * y.float()).to(out.dtype)
+    if name == "rmsnorm":
+        x, w, out, eps = args
+        xf = x.float()
+        y = xf * torch.rsqrt((xf * xf).mean(dim=1, keepdim=True) + max(eps, 1e-12)) * w.float()
+        return 2, y.to(out.dtype)
+    if name == "matmul":
+        a, b, c = args
+        return 2, (a.float() @ b.float()).to(c.dtype)
+    if name == "rope_inplace":
+        q, cos, sin = args
+        half = q.shape[2] // 2
+        x1, x2 = q[..., :half].float(), q[..., half:].float()
+        c, s = cos[:, None, :], sin[:, None, :]
+        return 0, torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(q.dtype)
+    raise KeyError(name)
+
+
+TOLERANCE = {"silu_mul": (2e-2, 2e-2), "rmsnorm": (2e-2, 2e-2), "matmul": (2e-2, 5e-2),
+             "rope_inplace": (2e-2, 2e-2)}
+
+
+def check(name: str, args: tuple, expected: tuple[int, Any]) -> None:
+    import torch
+    idx, want = expected
+    rtol, atol = TOLERANCE[name]
+    torch.testing.assert_close(args[idx].float(), want.float(), rtol=rtol, atol=atol)
+
+
+def gpu_case(tuned: Any, workload_index: int = 0, seed: int = 0) -> tuple[tuple, tuple[int, Any]]:
+    args = host_tensors(tuned.workloads[workload_index], device="cuda", seed=seed)
+    return args, reference(tuned.name, args)
+
+
+# ---- building a warm cache in-process ------------------------------------------------------
+def _compile_one(job: dict[str, Any]) -> dict[str, Any]:
+    from ctbuild.compiler import compile_job
+    try:
+        return {"key": job["key"], **compile_job(job)}
+    except Exception as exc:  # noqa: BLE001 - reported per job
+        return {"key": job["key"], "error": f"{type(exc).__name__}: {exc}"}
+
+
+def precompile(store: Any, kernels: list, arch: str = ARCH, workers: int | None = None,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Plan every kernel x declared workload for ``arch`` and compile the missing CUBINs in a
+    local process pool (fork; call before CUDA is initialised in this process)."""
+    from ctbuild.arch import Arch
+    from ctbuild.plan import make_plan
+    from ctbuild.toolchain import probe
+    tc = probe()
+    store.put_toolchain(tc.fingerprint, {**tc.profile, "created": time.time()})
+    plan = make_plan(kernels, [Arch(arch)], tc.fingerprint)
+    todo = [j for j in plan.jobs.values() if not store.has_compile(j.key)]
+    start = time.perf_counter()
+    errors = []
+    n = workers or min(16, os.cpu_count() or 4)
+    ctx = mp.get_context("fork")
+    with ctx.Pool(n) as pool:
+        for res in pool.imap_unordered(_compile_one, [j.to_json() for j in todo]):
+            job = plan.jobs[res["key"]]
+            if "error" in res:
+                errors.append(f"{job.kernel} {job.config}: {res['error']}")
+                continue
+            store.put_compile(job.key, res["cubin"], symbol=res["symbol"], meta={
+                "kernel": job.kernel, "module": job.module, "kernel_fp": job.kernel_fp,
+                "arch": job.arch, "config": job.config, "workload": job.workload,
+                "toolchain": tc.fingerprint, "seconds": res["seconds"]})
+    seconds = time.perf_counter() - start
+    log(f"precompile: {len(plan.jobs)} jobs, {len(todo)} compiled in {seconds:.1f} s with "
+        f"{n} processes, {len(errors)} errors")
+    for e in errors[:5]:
+        log("  " + e)
+    return {"jobs": len(plan.jobs), "compiled": len(todo), "errors": errors,
+            "seconds": seconds, "toolchain": tc.fingerprint}
+
+
+def tune_all(store: Any, kernels: list, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Tune every declared workload on this GPU with ``ctbuild.tuning.tune_workload``."""
+    from ctbuild import tuning
+    start = time.perf_counter()
+    done = []
+    for k in kernels:
+        for w in k.workloads:
+            rec = tuning.tune_workload(k, w, store=store, timeout_s=None)
+            done.append({"kernel": k.name, "config": rec.get("config"),
+                         "mean_us": rec.get("mean_us"), "default_us":
+                         (rec.get("default") or {}).get("mean_us"),
+                         "failures": len(rec.get("failures") or [])})
+            log(f"tune: {k.name} {json.dumps(rec.get('config'))} "
+                f"{rec.get('mean_us') or float('nan'):.1f} us "
+                f"(default {(rec.get('default') or {}).get('mean_us') or float('nan'):.1f} us)")
+    seconds = time.perf_counter() - start
+    log(f"tune: {len(done)} workloads in {seconds:.1f} s")
+    return {"records": done, "seconds": seconds}
+
+
+def build_cache(path: str | Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Precompile + tune the examples into ``path`` (reuses what is there)."""
+    from cache import Store
+    kernels = list(load_examples().values())
+    store = Store(path)
+    pre = precompile(store, kernels, log=log)
+    tuned = tune_all(store, kernels, log=log)
+    return {"precompile": pre, "tune": tuned}
+
+
+# ---- making tileiras unreachable -------------------------------------------------------------
+def hide_tileiras() -> None:
+    """Make cuTile unable to find tileiras in this process (PATH stripped, finder raising)."""
+    import cuda.tile._compile as cc
+    os.environ["PATH"] = os.pathsep.join(
+        p for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not (Path(p) / "tileiras").exists())
+
+    def no_compiler() -> Any:
+        raise FileNotFoundError("tileiras is hidden in this process (--no-tileiras)")
+
+    cc._find_compiler_bin = no_compiler
+
+
+class CompileCount:
+    """Counts in-process tileiras runs (``compile_tile`` calls) from now on."""
+
+    def __init__(self) -> None:
+        import cuda.tile._compile as cc
+        self.calls = 0
+        original = cc.compile_tile
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        cc.compile_tile = counting

@@ -1,0 +1,199 @@
+"""Runtime and the cache on a CPU machine: corrupt CUBINs, read-only caches, threads, imports."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpu_runtime_examples import ROOT, host_tensors, load_examples  # noqa: E402
+
+from cache import Store  # noqa: E402
+from ctbuild import runtime  # noqa: E402
+from ctbuild.served import CubinSource, ServedKernel  # noqa: E402
+from ctbuild.signature import derive_signature  # noqa: E402
+from ctbuild.space import Config  # noqa: E402
+
+KERNELS = load_examples()
+GPU = "NVIDIA H100 80GB HBM3"
+TC = "e" * 32
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
+        monkeypatch.delenv(var, raising=False)
+    s = Store(tmp_path / "cache")
+    s.put_toolchain(TC, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
+    yield s
+    runtime.reset()
+
+
+def _signature_and_key(source: CubinSource, name: str, cfg: Config):
+    tuned = KERNELS[name]
+    w = tuned.workloads[0]
+    sig = derive_signature(tuned.kernel, tuned.kernel_args(cfg, w))
+    return sig, source.key_for(tuned, cfg, sig, "sm_90")
+
+
+def test_corrupt_cubin_is_never_served(store: Store) -> None:
+    tuned = KERNELS["silu_mul"]
+    cfg = tuned.default_config(tuned.workloads[0])
+    source = CubinSource(store, TC)
+    sig, key = _signature_and_key(source, "silu_mul", cfg)
+    cubin = b"\x7fELF" + bytes(range(256)) * 4
+    store.put_compile(key, cubin, symbol=sig.symbol, meta={"kernel": "silu_mul"})
+    assert source.lookup(tuned, cfg, sig, "sm_90") == (cubin, sig.symbol)
+    blobs = [p for p in (store.path / "blobs").rglob("*.val")]
+    assert len(blobs) == 1
+    data = bytearray(blobs[0].read_bytes())
+    data[100] ^= 0xFF
+    blobs[0].write_bytes(bytes(data))
+    assert source.lookup(tuned, cfg, sig, "sm_90") is None
+    assert source.lookup(tuned, cfg, sig, "sm_90") is None  # and stays a miss
+
+
+def test_foreign_symbol_is_not_served(store: Store) -> None:
+    tuned = KERNELS["silu_mul"]
+    cfg = tuned.default_config(tuned.workloads[0])
+    source = CubinSource(store, TC)
+    sig, key = _signature_and_key(source, "silu_mul", cfg)
+    store.put_compile(key, b"\x7fELF cubin", symbol="some_other_symbol", meta={"kernel": "x"})
+    assert source.lookup(tuned, cfg, sig, "sm_90") is None
+
+
+def test_read_only_cache_serves_lookups(store: Store) -> None:
+    tuned = KERNELS["matmul"]
+    w = tuned.workloads[0]
+    cfg = Config({"TM": 64, "TN": 64, "TK": 32, "num_ctas": 1}, "matmul")
+    from ctbuild.keys import tuning_record_key
+    rkey = tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuned.tuning_key(w),
+                             arch="sm_90", gpu=GPU, toolchain_fp=TC)
+    store.put_tuning(rkey, {"kernel": "matmul", "arch": "sm_90", "config": cfg.to_json(),
+                            "compile_key": "c" * 32})
+    sig, key = _signature_and_key(CubinSource(store, TC), "matmul", cfg)
+    store.put_compile(key, b"\x7fELF cubin", symbol=sig.symbol, meta={"kernel": "matmul"})
+    store.close()
+    ro = Store(store.path, readonly=True)
+    assert ro.readonly
+    ctx = runtime.configure(store=ro, mode="strict")
+    res = tuned.runtime.resolve(host_tensors(w), arch="sm_90", gpu=GPU)
+    assert res.config == cfg and res.config_from == "cache" and res.cubin_from == "cache"
+    assert ctx.source.lookup(tuned, cfg, sig, "sm_90") == (b"\x7fELF cubin", sig.symbol)
+    # a JIT result is never written to a read-only cache
+    assert ctx.write_back(tuned, cfg, "z" * 32, b"x", sig.symbol, "sm_90") is False
+
+
+def test_sixteen_threads_build_one_served_kernel_per_config(store: Store) -> None:
+    runtime.configure(store=store, mode="default")
+    tuned = KERNELS["silu_mul"]
+    rt = tuned.runtime
+    configs = [Config(c, "silu_mul") for c in tuned.space.enumerate()]
+    barrier = threading.Barrier(16)
+    got: list[list] = [[] for _ in range(16)]
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            for cfg in configs[i % 3:] + configs[: i % 3]:
+                got[i].append(rt.served_kernel(cfg))
+            args = host_tensors(tuned.workloads[i % 2])
+            got[i].append(rt.resolve(args, arch="sm_90", gpu=GPU).served)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(rt._served) == len(configs)
+    for cfg in configs:
+        objs = {id(k) for g in got for k in g if k.config == cfg}
+        assert len(objs) <= 1
+    assert all(isinstance(k, ServedKernel) for g in got for k in g)
+    assert len({id(g[-1]) for g in got}) == 1  # both workloads resolve to the default config
+
+
+def test_served_kernel_is_built_on_cpu_with_the_config_hints(store: Store) -> None:
+    runtime.configure(store=store)
+    tuned = KERNELS["rmsnorm"]
+    k = tuned.runtime.served_kernel(Config({"occupancy": 4, "num_worker_warps": 8}, "rmsnorm"))
+    assert k._compiler_options.occupancy == 4 and k._compiler_options.num_worker_warps == 8
+    assert k is tuned.runtime.served_kernel(Config({"occupancy": 4, "num_worker_warps": 8}))
+
+
+WARM_SCRIPT = r"""
+import json, sys
+sys.path[:0] = [{root!r}, {examples!r}]
+import ctbuild
+from demo_kernels.matmul import matmul
+import torch
+a = torch.zeros(4096, 4096, dtype=torch.float16)
+res = matmul.runtime.resolve((a, a.clone(), a.clone()), arch="sm_90", gpu="H100")
+try:
+    matmul(a, a, a)
+except Exception as exc:
+    err = str(exc)
+print(json.dumps({{"config": res.config.to_json(), "err": err,
+                  "mods": sorted(m for m in sys.modules
+                                 if m.split(".")[0] in ("ray", "farm"))}}))
+"""
+
+
+def test_warm_path_imports_neither_ray_nor_farm(tmp_path: Path) -> None:
+    script = WARM_SCRIPT.format(root=str(ROOT), examples=str(ROOT / "examples"))
+    env = {"PATH": "/usr/bin:/bin", "CTBUILD_CACHE_DIR": str(tmp_path / "c"),
+           "CTBUILD_MODE": "default", "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["mods"] == []
+    assert got["config"] == {"TM": 128, "TN": 128, "TK": 64, "num_ctas": 1}
+    assert "kernel 'matmul'" in got["err"]
+
+
+def test_import_fails_loudly_on_another_cutile(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cuda.tile as ct
+
+    from ctbuild.served import UnsupportedCuTileError, check_cutile
+    monkeypatch.setattr(ct, "__version__", "1.8.0")
+    with pytest.raises(UnsupportedCuTileError, match="1.7.0"):
+        check_cutile()
+
+
+def test_hot_path_skips_the_slow_path(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first call of a layout, calls cost a key + dict lookup + ct.launch: no lock,
+    no resolution (the launch and the device are stubbed: this runs on a CPU)."""
+    import ctbuild.runtime as rtmod
+    launches = []
+    monkeypatch.setattr(rtmod.ct, "launch", lambda *a: launches.append(a))
+    monkeypatch.setattr(rtmod.KernelRuntime, "_device_for", lambda self, w: 0)
+    ctx = runtime.configure(store=store, mode="default", disable_autotune=True)
+    monkeypatch.setattr(ctx, "device_info", lambda d: ("sm_90", GPU))
+    tuned = KERNELS["rmsnorm"]
+    rt = tuned.runtime
+    rt._stream_of = lambda d: 0
+    slow = []
+    original = rt._first_call
+    monkeypatch.setattr(rt, "_first_call", lambda *a: (slow.append(1), original(*a)))
+    args = host_tensors(tuned.workloads[0])
+    for _ in range(5):
+        tuned(*args)
+    again = host_tensors(tuned.workloads[0], seed=1)  # new tensors, same layout
+    tuned(*again)
+    assert len(slow) == 1 and len(launches) == 6
+    stream, grid, kernel, kargs = launches[-1]
+    assert grid == (4096,) and kargs[:4] == again and kargs[4] == 4096
+    assert rt.provenance()["launches"] == 6
+    tuned(again[0], again[1], again[2], 1e-5)  # another scalar value: resolved once more
+    tuned(X=again[0], W=again[1], OUT=again[2], eps=1e-5)  # keywords: same entry
+    assert len(slow) == 2 and launches[-1][3][3] == 1e-5

@@ -1,0 +1,225 @@
+"""Warm-start runtime on a real GPU: cache hits with no compile, strict/default/tune misses,
+read-only caches, reset_to_zero, explicit streams, threads.
+
+Needs a warm cache of the examples: ``CTBUILD_TEST_CACHE=DIR`` (e.g. the one
+``benchmarks/warm_start.py --cache DIR`` builds), else one is built here (precompile in a local
+process pool + tune: a minute or two). Skipped without CUDA.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import cuda.tile as ct  # noqa: E402
+
+import ctbuild  # noqa: E402
+from cache import Store  # noqa: E402
+from ctbuild import Product, Tensor, runtime  # noqa: E402
+from ctbuild.miss_policy import CacheMissError  # noqa: E402
+from ctbuild.served import STATS  # noqa: E402
+from gpu_runtime_examples import build_cache, check, gpu_case, load_examples  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+KERNELS = load_examples()
+
+
+@ctbuild.autotune(space=Product(TILE=[256, 512]),
+                  grid=lambda cfg, w: (ct.cdiv(w.X.shape[0], cfg.TILE),),
+                  default={"TILE": 256}, reset_to_zero=("OUT",),
+                  workloads=[{"X": Tensor((4096,), "float32"), "OUT": Tensor((4096,), "float32")}])
+@ct.kernel
+def rt_test_accumulate(X, OUT, TILE: ct.Constant[int]):
+    bid = ct.bid(0)
+    x = ct.load(X, index=(bid,), shape=(TILE,), padding_mode=ct.PaddingMode.ZERO)
+    acc = ct.load(OUT, index=(bid,), shape=(TILE,), padding_mode=ct.PaddingMode.ZERO)
+    ct.store(OUT, index=(bid,), tile=acc + x)
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("CTBUILD_TEST_CACHE")
+    if given and Path(given, "ctbuild-cache.json").exists():
+        return Path(given)
+    path = tmp_path_factory.mktemp("warm") / "cache"
+    build_cache(path)
+    return path
+
+
+@pytest.fixture
+def cache_copy(warm_cache: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "cache"
+    shutil.copytree(warm_cache, dst)
+    return dst
+
+
+@pytest.fixture(autouse=True)
+def clean_runtime(monkeypatch: pytest.MonkeyPatch):
+    for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
+        monkeypatch.delenv(var, raising=False)
+    runtime.reset()
+    yield
+    runtime.reset()
+
+
+def odd_matmul():
+    """A shape no workload declares, with dims not divisible by 16: another tuning key and
+    another launch signature (so another CUBIN) than anything in the cache."""
+    a = torch.randn(250, 500, dtype=torch.float16, device="cuda")
+    b = torch.randn(500, 380, dtype=torch.float16, device="cuda")
+    return a, b, torch.empty(250, 380, dtype=torch.float16, device="cuda")
+
+
+def test_warm_launch_of_every_example_is_correct_with_no_compile(warm_cache: Path) -> None:
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    jit0 = STATS.jit_compiles
+    for name, tuned in KERNELS.items():
+        for i in range(len(tuned.workloads)):
+            for seed in (0, 1):  # the second call with fresh tensors takes the hot path
+                args, expected = gpu_case(tuned, i, seed)
+                tuned(*args)
+                torch.cuda.synchronize()
+                check(name, args, expected)
+        prov = tuned.runtime.provenance()
+        assert prov["origins"]["cache"] == prov["launches"] == 2 * len(tuned.workloads), prov
+        assert prov["misses"] == {}
+        assert len(prov["entries"]) <= 2 * len(tuned.workloads)
+    assert STATS.jit_compiles == jit0
+
+
+def test_strict_mode_raises_on_a_miss(warm_cache: Path) -> None:
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    with pytest.raises(CacheMissError) as err:
+        KERNELS["matmul"](*odd_matmul())
+    text = str(err.value)
+    assert "'matmul'" in text and "sm_90" in text and err.value.key in text
+    assert "ctbuild tune" in text or "ctbuild precompile" in text
+
+
+def test_default_mode_jit_compiles_records_and_writes_back(cache_copy: Path,
+                                                           tmp_path: Path) -> None:
+    record = tmp_path / "misses.jsonl"
+    runtime.configure(cache_dir=cache_copy, mode="default", record=record)
+    matmul = KERNELS["matmul"]
+    jit0 = STATS.jit_compiles
+    a, b, c = odd_matmul()
+    matmul(a, b, c)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=5e-2)
+    assert STATS.jit_compiles == jit0 + 1
+    prov = matmul.runtime.provenance()
+    assert prov["origins"]["jit"] == 1 and prov["misses"]["tuning"] == 1
+    line = json.loads(record.read_text().splitlines()[0])
+    assert line["kernel"] == "matmul" and line["arch"] == "sm_90"
+    assert line["workload"]["A"]["tensor"] == [250, 500]
+    assert runtime.context().writebacks == 1
+    # a fresh process (context) now finds the CUBIN: no compile
+    runtime.configure(cache_dir=cache_copy, mode="strict", disable_autotune=True)
+    a, b, c = odd_matmul()
+    matmul(a, b, c)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=5e-2)
+    assert STATS.jit_compiles == jit0 + 1
+    assert matmul.runtime.provenance()["origins"]["default"] == 1
+
+
+def test_read_only_cache(warm_cache: Path) -> None:
+    ro = Store(warm_cache, readonly=True)
+    runtime.configure(store=ro, mode="strict")
+    tuned = KERNELS["rmsnorm"]
+    args, expected = gpu_case(tuned, 0)
+    tuned(*args)
+    torch.cuda.synchronize()
+    check("rmsnorm", args, expected)
+    runtime.configure(store=ro, mode="default")
+    a, b, c = odd_matmul()
+    KERNELS["matmul"](a, b, c)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=5e-2)
+    assert runtime.context().writebacks == 0
+
+
+def test_tune_mode_tunes_online_and_records(cache_copy: Path) -> None:
+    runtime.configure(cache_dir=cache_copy, mode="tune")
+    silu = KERNELS["silu_mul"]
+    x, y = (torch.randn(1 << 16, dtype=torch.float16, device="cuda") for _ in range(2))
+    out = torch.empty_like(x)
+    silu(x, y, out)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), torch.nn.functional.silu(x.float()) * y.float(),
+                               rtol=2e-2, atol=2e-2)
+    prov = silu.runtime.provenance()
+    assert prov["origins"]["tuned"] + prov["origins"]["jit"] == 1, prov
+    assert prov["entries"][0]["config_from"] == "online"
+    rkey = prov["entries"][0]
+    store = Store(cache_copy)
+    from ctbuild.keys import tuning_record_key
+    key = tuning_record_key(kernel_fp=silu.fingerprint, tuning_key=rkey["tuning_key"],
+                            arch=rkey["arch"], gpu=rkey["gpu"],
+                            toolchain_fp=runtime.context().toolchain_fp)
+    rec = store.get_tuning(key)
+    assert rec is not None and rec["config"] == rkey["config"]
+
+
+def test_reset_to_zero_and_explicit_stream(cache_copy: Path) -> None:
+    runtime.configure(cache_dir=cache_copy, mode="default")
+    x = torch.randn(4096, device="cuda")
+    out = torch.full_like(x, 7.0)
+    rt_test_accumulate(x, out)
+    rt_test_accumulate(x, out)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, x)  # zeroed before every launch: not 7 + 2x
+    side = torch.cuda.Stream()
+    out2 = torch.full_like(x, 3.0)
+    torch.cuda.synchronize()
+    rt_test_accumulate.launch(side, x, OUT=out2)
+    side.synchronize()
+    torch.testing.assert_close(out2, x)
+
+
+def test_hot_path_reuses_the_entry(warm_cache: Path) -> None:
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    silu = KERNELS["silu_mul"]
+    args, expected = gpu_case(silu, 0)
+    for _ in range(20):
+        silu(*args)
+    torch.cuda.synchronize()
+    check("silu_mul", args, expected)
+    assert len(silu.runtime._entries) == 1
+    assert silu.runtime.provenance()["launches"] == 20
+
+
+def test_sixteen_threads_first_calls(warm_cache: Path) -> None:
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    silu = KERNELS["silu_mul"]
+    cases = [gpu_case(silu, i % 2, seed=i) for i in range(16)]
+    torch.cuda.synchronize()
+    barrier = threading.Barrier(16)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            silu(*cases[i][0])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    for args, expected in cases:
+        check("silu_mul", args, expected)
+    configs = {json.dumps(e["config"], sort_keys=True) for e in silu.runtime.provenance()["entries"]}
+    assert len(silu.runtime._served) == len(configs)

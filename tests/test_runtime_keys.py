@@ -1,0 +1,84 @@
+"""Runtime key computation on real (host) tensors agrees with the build's on specs."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
+
+from ctbuild.keys import tuning_record_key  # noqa: E402
+from ctbuild.live_args import align_of, spec_of, token, workload_spec  # noqa: E402
+from ctbuild.signature import derive_signature, signature_text  # noqa: E402
+from ctbuild.specs import Scalar, Tensor, Workload, spec_from_json, spec_to_json  # noqa: E402
+
+KERNELS = load_examples()
+CASES = [(name, i) for name, k in KERNELS.items() for i in range(len(k.workloads))]
+
+
+@pytest.mark.parametrize("name,index", CASES)
+def test_tuning_key_and_signature_parity(name: str, index: int) -> None:
+    tuned = KERNELS[name]
+    spec_w = tuned.workloads[index]
+    args = host_tensors(spec_w)
+    real_w = tuned.bind(*args)
+    # the tuning key (and so the record key) of real tensors equals the spec's
+    assert tuned.tuning_key(real_w) == tuned.tuning_key(spec_w)
+    rk = lambda w: tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuned.tuning_key(w),
+                                     arch="sm_90", gpu="NVIDIA H100 80GB HBM3", toolchain_fp="tc")
+    assert rk(real_w) == rk(spec_w)
+    # the spec built from the real tensors equals the declared one (alignment aside) ...
+    live = workload_spec(tuned, real_w)
+    for p in tuned.params:
+        a, b = live[p], spec_w[p]
+        if isinstance(b, Tensor):
+            assert (a.shape, a.dtype, a.strides) == (b.shape, b.dtype, b.strides)
+            assert a.align >= 16  # host allocations are 64-byte aligned
+        elif isinstance(b, Scalar):
+            assert isinstance(a, Scalar) and a.dtype == b.dtype
+    # ... so the compile signature (hence the compile key) agrees for every candidate config
+    for cfg in tuned.candidates(spec_w, __import__("ctbuild").Arch("sm_90")).kept[:4]:
+        s_live = derive_signature(tuned.kernel, tuned.kernel_args(cfg, live))
+        s_spec = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w))
+        assert signature_text(s_live) == signature_text(s_spec)
+        assert tuned.grid(cfg, real_w) == tuned.grid(cfg, spec_w)
+
+
+def test_record_json_round_trip() -> None:
+    t = torch.zeros(8, 32, dtype=torch.float16)[:, 1:]
+    spec = spec_of(t)
+    assert spec.shape == (8, 31) and spec.strides == (32, 1) and spec.align == 2
+    back = spec_from_json(spec_to_json(spec))
+    assert back == spec
+    assert spec_to_json(spec_of(1e-6)) == {"scalar": "float32", "example": 1e-6}
+    assert spec_of(3) == Scalar("int32", 3)
+
+
+def test_align_of() -> None:
+    assert align_of(0) == 256
+    assert align_of(4096) == 256
+    assert align_of(256 + 64) == 64
+    assert align_of(2) == 2 and align_of(3) == 1
+
+
+def test_constant_args_keep_their_value_in_records() -> None:
+    tuned = KERNELS["silu_mul"]
+    import ctbuild
+    w = Workload({"X": torch.zeros(16), "Y": torch.zeros(16), "OUT": torch.zeros(16)})
+    assert set(workload_spec(tuned, w)) == {"X", "Y", "OUT"}
+    assert isinstance(ctbuild, object)
+
+
+def test_tokens_distinguish_what_the_key_and_signature_see() -> None:
+    base = torch.zeros(64, 64, dtype=torch.float16)
+    same = torch.ones(64, 64, dtype=torch.float16)
+    assert token(base) == token(same)  # data and identity do not matter
+    assert token(base) != token(base.float())
+    assert token(base) != token(base.t())
+    assert token(base) != token(torch.zeros(64, 32, dtype=torch.float16))
+    offset = base.view(-1)[1:].view(63, 65)[:, :64]  # base pointer off by 2 bytes
+    assert token(offset) != token(base[:63])
+    assert token(1) != token(1.0) != token(True)
+    assert token((1, 2)) != token([1, 2])
+    with pytest.raises(TypeError):
+        token(object())
