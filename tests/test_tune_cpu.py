@@ -120,7 +120,7 @@ def _prime(store, tuned, w, device, fp, skip=()):
 def test_record_structure_and_skip_when_tuned(tmp_path, monkeypatch, fixture_kernels):
     import cuda.tile as ct
     from cache import Store
-    from ctbuild import tuning
+    from ctbuild import tune_session, tuning
     twice = fixture_kernels["twice"]
     device = tuning.Device(0, "sm_90", "Fake GPU", "580.0")
     store, fp = Store(tmp_path / "cache"), "fp-test"
@@ -151,13 +151,13 @@ def test_record_structure_and_skip_when_tuned(tmp_path, monkeypatch, fixture_ker
     assert store.get_tuning(rkey)["config"] == rec["config"]
 
     # skip-when-tuned, with the real store; --retune measures again
-    entries = tuning.entries_for([twice])
-    opts = tuning.TuneOptions(timeout_s=None)
+    entries = tune_session.entries_for([twice])
+    opts = tune_session.TuneOptions(timeout_s=None)
     kw = dict(device=device, toolchain_fp=fp, stream=FakeStream(), input_device="cpu")
-    out = tuning.tune_entries(entries, store, opts, **kw)
+    out = tune_session.tune_entries(entries, store, opts, **kw)
     assert [s["status"] for s in out] == ["skipped"] and out[0]["winner"] == rec["config"]
     opts.retune = True
-    out = tuning.tune_entries(entries, store, opts, **kw)
+    out = tune_session.tune_entries(entries, store, opts, **kw)
     assert [s["status"] for s in out] == ["tuned"]
     # another GPU name or toolchain is another record
     other = tuning.Device(0, "sm_90", "Other GPU", "580.0")

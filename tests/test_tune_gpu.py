@@ -1,6 +1,6 @@
 """GPU tests of ``ctbuild tune`` (marked ``gpu``; the module is skipped without a CUDA GPU).
 
-The cache is built in-process (`ctbuild.tuning.CompilePool` running `compile_job`), as the GPU
+The cache is built in-process (`ctbuild.compile_pool.CompilePool` running `compile_job`), as the GPU
 machines have no Ray. Set CTBUILD_TEST_OUT=DIR to keep the JSON/HTML results there.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def examples_cache(tmp_path_factory):
     from ctbuild.config import load_project
     from ctbuild.plan import make_plan
     from ctbuild.toolchain import probe
-    from ctbuild.tuning import CompilePool
+    from ctbuild.compile_pool import CompilePool
     path = tmp_path_factory.mktemp("examples-cache")
     store = Store(path)
     project = load_project(EXAMPLES / "ctbuild.toml")

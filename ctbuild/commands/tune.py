@@ -77,8 +77,8 @@ def _line(s: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from cache import Store
-    from ..tuning import (TuneOptions, current_device, entries_for, run_isolated, tune_entries,
-                          toolchain_for)
+    from ..tune_session import TuneOptions, entries_for, run_isolated, tune_entries
+    from ..tuning import current_device, toolchain_for
 
     project = project_from_args(args)
     kernels = project.kernels()

@@ -1,0 +1,276 @@
+"""``ctbuild tune``'s loop over kernels x workloads, optionally supervised in a child process.
+
+`run_isolated` runs the loop in a child so that a candidate that breaks its CUDA context costs
+only that kernel x workload's measurement, which is retried without the culprit.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .arch import Arch
+from .compile_pool import CompilePool
+from .declare import DEFAULT_CAP, TunedKernel
+from .plan import job_for
+from .specs import Workload, describe
+from .tuning import Device, context_ok, current_device, record_key, toolchain_for, tune_workload
+
+log = logging.getLogger("ctbuild")
+
+@dataclass
+class Entry:
+    """One kernel x workload to tune."""
+    kernel: TunedKernel
+    workload: Workload
+    index: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel.name} [{describe(self.workload)}]"
+
+
+def entries_for(kernels: Sequence[TunedKernel], only: Sequence[str] = ()) -> list[Entry]:
+    out = []
+    for k in kernels:
+        if only and k.name not in only:
+            continue
+        for w in k.workloads:
+            out.append(Entry(k, w, len(out)))
+    return out
+
+
+def summarize(entry: Entry, status: str, record: dict[str, Any] | None, rkey: str,
+              note: str = "") -> dict[str, Any]:
+    """The CLI's per-entry line (and ``--json`` item); the full record rides along."""
+    s: dict[str, Any] = {"entry": entry.index, "kernel": entry.kernel.name,
+                         "workload": describe(entry.workload), "record_key": rkey,
+                         "status": status}
+    if note:
+        s["note"] = note
+    if record:
+        dflt = record.get("default", {})
+        s.update({
+            "winner": record.get("config"), "mean_us": record.get("mean_us"),
+            "ci_us": record.get("ci_us"), "default": dflt.get("config"),
+            "default_us": dflt.get("mean_us"),
+            "speedup_vs_default": (dflt["mean_us"] / record["mean_us"]
+                                   if dflt.get("mean_us") and record.get("mean_us") else None),
+            "measured": len(record.get("candidates", [])),
+            "failures": record.get("failures", []),
+            "compiled_during_tune": record.get("compiled_during_tune", 0),
+            "compiles_during_measurement": record.get("compiles_during_measurement", 0),
+            "seconds": record.get("seconds"), "record": record})
+    return s
+
+
+@dataclass
+class TuneOptions:
+    retune: bool = False
+    compile_missing: bool = False
+    timeout_s: float | None = 10.0
+    cap: int = DEFAULT_CAP
+    paths: list[str] = field(default_factory=list)
+    workers: int | None = None
+
+
+def tune_entries(entries: Sequence[Entry], store: Any, opts: TuneOptions, *,
+                 device: Device | None = None, toolchain_fp: str | None = None,
+                 exclude: Mapping[int, Mapping[str, str]] | None = None,
+                 emit: Callable[[dict[str, Any]], None] | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None,
+                 isolated: bool = False, **workload_kwargs: Any) -> list[dict[str, Any]]:
+    """Tune entries in this process, one after another; ``emit`` gets each summary as done.
+
+    Compiles for every entry's missing candidates are submitted up front (``--compile-missing``)
+    so that the pool works ahead while the GPU measures.
+    """
+    device = device or current_device()
+    fp = toolchain_fp or toolchain_for(store)
+    out: list[dict[str, Any]] = []
+    todo: list[Entry] = []
+    for e in entries:
+        rkey = record_key(e.kernel, e.workload, device, fp)
+        existing = None if opts.retune else store.get_tuning(rkey)
+        if existing is not None:
+            s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
+            out.append(s)
+            if emit:
+                emit(s)
+        else:
+            todo.append(e)
+    pool = None
+    if opts.compile_missing and todo:
+        pool = CompilePool(store, workers=opts.workers, paths=opts.paths)
+        for e in todo:
+            with contextlib.suppress(Exception):
+                for cfg in e.kernel.candidates(e.workload, Arch(device.arch), opts.cap).kept:
+                    pool.submit(job_for(e.kernel, cfg, e.workload, device.arch, fp))
+    try:
+        for e in todo:
+            rkey = record_key(e.kernel, e.workload, device, fp)
+            if on_event:
+                on_event({"event": "start", "entry": e.index})
+            cb = (lambda cfg, _i=e.index: on_event({"event": "candidate", "entry": _i,
+                                                    "config": cfg.to_json()})) \
+                if on_event else None
+            try:
+                record = tune_workload(e.kernel, e.workload, store=store, toolchain_fp=fp,
+                                       device=device, cap=opts.cap, timeout_s=opts.timeout_s,
+                                       exclude=(exclude or {}).get(e.index), pool=pool,
+                                       on_candidate=cb, **workload_kwargs)
+                status = "tuned" if record["config"] is not None else "failed"
+                s = summarize(e, status, record, rkey,
+                              "" if status == "tuned" else "no candidate could be measured")
+            except Exception as exc:  # noqa: BLE001 - one entry's error never stops the run
+                log.debug("tuning %s failed", e.label, exc_info=True)
+                s = summarize(e, "failed", None, rkey, f"{type(exc).__name__}: {exc}")
+                s["traceback"] = traceback.format_exc(limit=8)
+            if isolated and not context_ok():
+                # The CUDA context is broken: leave, unreported, so the supervisor restarts
+                # this entry without the candidate it last saw launching.
+                log.error("CUDA context broken while tuning %s; restarting", e.label)
+                sys.stderr.flush()
+                os._exit(70)
+            out.append(s)
+            if emit:
+                emit(s)
+    finally:
+        if pool is not None:
+            pool.close()
+    return out
+
+
+# ---- supervision: a child process per run, restarted without the culprit -------------------
+def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entry],
+                 opts: TuneOptions, *, only: Sequence[str] = (), entry_timeout_s: float | None = None,
+                 max_restarts: int = 8,
+                 emit: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run `tune_entries` in a child process; if it dies (a fault that escaped cuTile's
+    benchmark subprocess) or stalls, restart it on the remaining entries, excluding the
+    candidate that was being measured (recorded as a failure of that entry).
+    """
+    results: dict[int, dict[str, Any]] = {}
+    exclude: dict[int, dict[str, str]] = {}
+    remaining = [e.index for e in entries]
+    restarts = 0
+    per_entry = entry_timeout_s or _entry_budget(opts)
+    with tempfile.TemporaryDirectory(prefix="ctbuild-tune-") as tmp:
+        while remaining:
+            events_path = Path(tmp) / f"events-{restarts}.jsonl"
+            spec = {"config": config_path, "cache": cache_dir, "entries": remaining,
+                    "only": list(only), "exclude": {str(k): v for k, v in exclude.items()},
+                    "opts": {**opts.__dict__}, "events": str(events_path)}
+            spec_path = Path(tmp) / f"spec-{restarts}.json"
+            spec_path.write_text(json.dumps(spec))
+            proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tuning", str(spec_path)],
+                                    stdout=sys.stderr)
+            current: int | None = None
+            last_cfg: dict[str, Any] | None = None
+            started = time.monotonic()
+            seen = 0
+            stalled = False
+            while True:
+                rc = proc.poll()
+                for ev in _read_events(events_path, seen):
+                    seen += 1
+                    if ev["event"] == "start":
+                        current, last_cfg, started = ev["entry"], None, time.monotonic()
+                    elif ev["event"] == "candidate":
+                        last_cfg = ev["config"]
+                    elif ev["event"] == "done":
+                        s = ev["summary"]
+                        results[ev["entry"]] = s
+                        if ev["entry"] in remaining:
+                            remaining.remove(ev["entry"])
+                        current = None
+                        if emit:
+                            emit(s)
+                if rc is not None:
+                    break
+                if current is not None and time.monotonic() - started > per_entry:
+                    stalled = True
+                    proc.kill()
+                    proc.wait()
+                    break
+                time.sleep(0.2)
+            if not remaining:
+                break
+            restarts += 1
+            why = ("stalled (killed after %.0f s)" % per_entry if stalled
+                   else f"tuning process died (exit {proc.returncode})")
+            culprit = current if current is not None else remaining[0]
+            if last_cfg is not None and restarts <= max_restarts:
+                key = json.dumps(last_cfg, sort_keys=True)
+                exclude.setdefault(culprit, {})[key] = (
+                    f"process: {why} while measuring this candidate")
+                continue
+            # Nothing to blame inside the entry (or too many restarts): fail the entry.
+            e = next(x for x in entries if x.index == culprit)
+            s = summarize(e, "failed", None, "", why)
+            results[culprit] = s
+            remaining.remove(culprit)
+            if emit:
+                emit(s)
+    return [results[e.index] for e in entries if e.index in results]
+
+
+def _entry_budget(opts: TuneOptions) -> float:
+    # exhaustive_search stops measuring a candidate after ~5 s; add warm-ups and compile waits.
+    per_candidate = 6.0 + 2 * (opts.timeout_s or 10.0)
+    return 120.0 + per_candidate * opts.cap + (600.0 if opts.compile_missing else 0.0)
+
+
+def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    out = []
+    for line in lines[skip:]:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line being written; read it next time
+    return out
+
+
+def _child(spec_path: str) -> int:
+    """The supervised tuning process (``python -m ctbuild.tuning SPEC``)."""
+    spec = json.loads(Path(spec_path).read_text())
+    from cache import Store
+    from .config import load_project
+    project = load_project(spec["config"], cache_dir=spec["cache"])
+    entries = entries_for(project.kernels(), spec["only"])
+    wanted = set(spec["entries"])
+    entries = [e for e in entries if e.index in wanted]
+    opts = TuneOptions(**spec["opts"])
+    events = open(spec["events"], "a", buffering=1)
+    lock = threading.Lock()
+
+    def write(ev: dict[str, Any]) -> None:
+        with lock:
+            events.write(json.dumps(ev, default=str) + "\n")
+            events.flush()
+
+    def emit(s: dict[str, Any]) -> None:
+        write({"event": "done", "entry": s["entry"], "summary": s})
+
+    store = Store(spec["cache"])
+    tune_entries(entries, store, opts, exclude={int(k): v for k, v in spec["exclude"].items()},
+                 emit=emit, on_event=write, isolated=True)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="ctbuild: %(levelname)s: %(message)s")
+    sys.exit(_child(sys.argv[1]))
