@@ -1,0 +1,48 @@
+#!/bin/sh
+# The build stage of examples/Dockerfile as a script, so the same steps also run outside Docker
+# (tests/test_container_flow.py runs them in a fresh virtualenv). Run it from the source root:
+#
+#   sh examples/build-cache.sh install              install ctbuild with Ray (no torch, no GPU)
+#   sh examples/build-cache.sh precompile [ARGS]    import bundles, precompile, verify the cache
+#   sh examples/build-cache.sh [all]                both
+#
+# ARGS go to `ctbuild precompile` (e.g. --workers 8, --address HOST:6379, --allow-failures).
+# Settings, from the environment (the Dockerfile passes its build args):
+#   CACHE_DIR  the cache to fill                          (default /opt/ctbuild-cache)
+#   ARCHS      target GPU archs, comma-separated          (default sm_90,sm_100)
+#   CONFIG     the project's ctbuild.toml                 (default examples/ctbuild.toml)
+#   BUNDLES    a directory of `ctbuild cache export` bundles (tuning records from GPU nodes),
+#              imported before precompiling               (default examples/bundles)
+#   PYTHON     the interpreter to install into            (default python3)
+set -eu
+
+CACHE_DIR=${CACHE_DIR:-/opt/ctbuild-cache}
+ARCHS=${ARCHS:-sm_90,sm_100}
+CONFIG=${CONFIG:-examples/ctbuild.toml}
+BUNDLES=${BUNDLES:-examples/bundles}
+PYTHON=${PYTHON:-python3}
+
+install() {
+    # The project with its `farm` extra (Ray). cuda-tile[tileiras] brings tileiras, ptxas and
+    # libnvvm as wheels: no CUDA toolkit, no GPU and no torch are needed to precompile.
+    "$PYTHON" -m pip install ".[farm]"
+}
+
+precompile() {
+    for bundle in "$BUNDLES"/*.tgz "$BUNDLES"/*.tar "$BUNDLES"/*.tar.gz "$BUNDLES"/*.tar.xz; do
+        [ -f "$bundle" ] || continue
+        ctbuild cache import --cache "$CACHE_DIR" "$bundle"
+    done
+    ctbuild precompile --config "$CONFIG" --arch "$ARCHS" --cache "$CACHE_DIR" "$@"
+    ctbuild cache verify --cache "$CACHE_DIR"
+    ctbuild cache stats --cache "$CACHE_DIR"
+}
+
+step=${1:-all}
+[ $# -gt 0 ] && shift
+case "$step" in
+    install) install ;;
+    precompile) precompile "$@" ;;
+    all) install && precompile "$@" ;;
+    *) echo "usage: $0 [install | precompile [ARGS] | all [ARGS]]" >&2; exit 2 ;;
+esac
