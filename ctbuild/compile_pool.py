@@ -66,8 +66,7 @@ class CompilePool:
             self.errors[key] = f"{type(exc).__name__}: {exc}".strip()
             return False
         self.store.put_compile(key, out["cubin"], symbol=out["symbol"],
-                               meta={"compiled_by": "ctbuild tune --compile-missing",
-                                     "seconds": out["seconds"], "toolchain": out["toolchain"]})
+                               meta={**out["meta"], "source": "ctbuild tune --compile-missing"})
         self.seconds += out["seconds"]
         self.compiled.add(key)
         if not self._toolchain_recorded:

@@ -44,7 +44,8 @@ def find_kernel(module: str, name: str) -> Any:
 
 
 def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dict[str, Any]:
-    """Compile ``job`` (a `CompileJob` as JSON) and return cubin, symbol and seconds."""
+    """Compile ``job`` (a `CompileJob` as JSON): cubin, symbol, seconds, and the entry's
+    ``meta`` (kernel, arch, config...: what ``ctbuild cache ls/rm/export`` select on)."""
     from cuda.tile._compile import compile_tile
     from .plan import job_for
     from .toolchain import probe
@@ -72,5 +73,7 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
     if result.library_lifecycle_providers:
         raise RuntimeError(f"{job['kernel']}: links cuTile library modules, which ctbuild "
                            "cannot serve from its cache yet")
+    meta = {f: job[f] for f in ("kernel", "module", "kernel_fp", "arch", "config", "workload")}
+    meta.update(toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4))
     return {"cubin": bytes(result.cubin), "symbol": result.kernel_signatures[0].symbol,
-            "seconds": seconds, "toolchain": toolchain.fingerprint}
+            "seconds": seconds, "toolchain": toolchain.fingerprint, "meta": meta}
