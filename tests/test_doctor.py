@@ -58,3 +58,18 @@ def test_cuda_home_with_older_toolkit_is_flagged(tmp_path: Path, monkeypatch) ->
     assert problem is not None and "13.0" in problem and "unset CUDA_HOME" in problem
     monkeypatch.setattr(toolchain, "find_tileiras", lambda: (real_tileiras, False))
     assert toolchain.cuda_home_problem() is None  # the pip tileiras ignores CUDA_HOME
+
+
+def test_serving_mode_checks_the_cache_toolchain(tmp_path: Path) -> None:
+    from cache import Store
+    from ctbuild.toolchain import probe
+    cache = tmp_path / "cache"
+    with Store(cache) as store:
+        store.put_toolchain("old", {**probe().profile, "cuda_tile": "1.6.0"})
+    report = json.loads(run_cli("doctor", "--serving", "--json", "--cache", str(cache)).stdout)
+    assert any("records no toolchain for cuda-tile 1.7.0" in p for p in report["problems"])
+    with Store(cache) as store:
+        store.put_toolchain(probe().fingerprint, probe().profile)
+    report = json.loads(run_cli("doctor", "--serving", "--json", "--cache", str(cache)).stdout)
+    assert report["cache"]["toolchain"] == probe().fingerprint
+    assert not any("toolchain" in p for p in report["problems"])

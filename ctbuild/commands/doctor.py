@@ -8,12 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, load_project
-from ..toolchain import ToolchainError, cuda_home_problem, cutile_version, find_tileiras, probe
+from ..toolchain import (ToolchainError, cuda_home_problem, cutile_version, find_tileiras,
+                         probe, select_recorded)
 from .common import print_json
 
 EPILOG = """\
-exit status: 0 when the toolchain works and the cache dir is writable, 1 otherwise.
-A GPU is reported, never required (builds run on CPU machines).
+exit status: 0 when the machine can do its job, 1 otherwise (each problem is printed).
+  build machine (default): tileiras works, CUDA_HOME does not break it, the cache is writable;
+    a GPU is reported, never required.
+  serving node (--serving): no compiler needed; the cache exists, holds a toolchain profile
+    matching this cuda-tile and env, and a GPU is visible.
 """
 
 
@@ -22,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="PATH", help="config file whose cache_dir to check")
     p.add_argument("--cache", metavar="DIR", help="cache directory to check")
+    p.add_argument("--serving", action="store_true",
+                   help="check a serving node (precompiled kernels only, no tileiras needed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -55,6 +61,27 @@ def _writable(path: Path) -> tuple[bool, str]:
         return False, f"not writable: {exc.strerror}"
 
 
+def _serving_problems(cache: Path, report: dict[str, Any]) -> list[str]:
+    """What would stop a serving node from launching precompiled kernels."""
+    problems = []
+    if not report["gpu"]["visible"]:
+        problems.append("no GPU visible: the runtime launches on CUDA devices")
+    if not cache.is_dir():
+        return problems + [f"no cache at {cache}: mount it and set CTBUILD_CACHE_DIR"]
+    from cache import CacheError, Store
+    try:
+        with Store(cache) as store:
+            profiles = store.toolchains()
+    except CacheError as exc:
+        return problems + [f"cache {cache}: {exc}"]
+    chosen = select_recorded(profiles)
+    report["cache"]["toolchain"] = chosen
+    if chosen is None:
+        problems.append(f"cache {cache} records no toolchain for cuda-tile {cutile_version()} "
+                        "and this env: rebuild it with this cuda-tile (ctbuild precompile)")
+    return problems
+
+
 def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"cuda_tile": cutile_version(), "problems": []}
     try:
@@ -66,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                                "bytecode_version": tc.profile["bytecode_version"],
                                "env": tc.profile["env"]}
     except ToolchainError as exc:
-        report["problems"].append(f"toolchain: {exc}")
+        if not args.serving:
+            report["problems"].append(f"toolchain: {exc}")
     if (problem := cuda_home_problem()):
         report["problems"].append(problem)
     report["cuda_home"] = os.environ.get("CUDA_HOME")
@@ -74,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     cache = _cache_dir(args)
     ok, why = _writable(cache)
     report["cache"] = {"dir": str(cache), "writable": ok, "status": why}
-    if not ok:
+    if args.serving:
+        report["problems"] += _serving_problems(cache, report)
+    elif not ok:
         report["problems"].append(f"cache dir {cache} is {why}: precompile and tune need to "
                                   "write; serving can use it read-only")
     if args.json:
