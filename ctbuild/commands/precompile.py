@@ -1,9 +1,281 @@
-"""``ctbuild precompile`` (placeholder until the farm lands)."""
+"""``ctbuild precompile``: compile every planned config to CUBINs in the cache, on Ray.
+
+The driver loads the project, probes the toolchain, plans, records the toolchain profile in the
+cache, skips keys already cached and hands the rest to the farm (`farm.Farm`), whose workers
+compile and store CUBINs themselves. Ray and the farm are imported only when this runs.
+"""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..arch import Arch
+from ..config import ConfigError
+from ..specs import Workload, spec_from_json
+from .common import add_project_args, fail, guarded, print_json, project_from_args
+
+DEFAULT_TIMEOUT = 300.0
+
+EPILOG = """\
+examples:
+  ctbuild precompile --config examples/ctbuild.toml --cache /cache
+  ctbuild precompile --arch sm_90,sm_100 --workers 8 --compile-timeout 120
+  ctbuild precompile --address 10.0.0.5:6379 --cache /shared/cache      # existing Ray cluster
+  ctbuild precompile --from-record /logs/ctbuild-misses.jsonl --report build/precompile.json
+  ctbuild precompile --json --allow-failures | jq .failed
+
+By default an embedded local Ray with one worker per core is started (a few seconds) and
+stopped at the end; nothing is started when every job is already cached. --address (or
+$RAY_ADDRESS) joins an existing cluster instead: ctbuild, the farm, the cache package and the
+project's kernel modules are shipped to the workers, which need cuda-tile[tileiras], ray,
+diskcache and xxhash installed and the cache directory at the same (shared) path.
+
+Workers drop CUDA_HOME/CUDA_PATH so the pip tileiras with its own ptxas/libnvvm is used; a
+worker whose toolchain fingerprint differs from this machine's aborts the build.
+A config that fails to compile or exceeds --compile-timeout is reported and skipped, never
+cached; a worker that crashes has its job retried elsewhere (twice at most).
+
+--from-record FILE reads JSON lines written at run time, each
+  {"kernel": "matmul", "workload": {"A": {"tensor": [...], "dtype": ...}, ...}, "arch": "sm_90"}
+and plans those workloads too (on every target arch; a recorded arch is added to the targets).
+
+exit status: 0 all built (or --allow-failures), 1 some job failed or the build was aborted,
+2 bad input (config, declarations, flags, record file, unusable cache directory).
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
-    p = sub.add_parser(name, help=summary, description=summary)
-    p.set_defaults(run=lambda args: 2)
+    p = sub.add_parser(name, help=summary, description=summary, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_project_args(p)
+    p.add_argument("--address", metavar="ADDR",
+                   help="join this Ray cluster, e.g. 10.0.0.5:6379 (default: $RAY_ADDRESS; "
+                        "unset: start an embedded local Ray)")
+    p.add_argument("--workers", metavar="N", type=_positive_int,
+                   help="worker processes at most (default: this machine's cores, or the "
+                        "cluster's CPUs)")
+    p.add_argument("--compile-timeout", metavar="S", type=_positive_float,
+                   default=DEFAULT_TIMEOUT,
+                   help=f"seconds one config may compile before it is recorded as failed "
+                        f"(default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--allow-failures", action="store_true",
+                   help="exit 0 even when some configs failed (they are still reported)")
+    p.add_argument("--report", metavar="PATH",
+                   help="write every job's record (key, kernel, config, arch, status, seconds, "
+                        "error) as JSON to PATH")
+    p.add_argument("--from-record", metavar="FILE", action="append", default=[],
+                   help="also plan the workloads recorded at run time in FILE (JSON lines); "
+                        "repeatable")
+    p.set_defaults(run=guarded(run))
+
+
+class RecordFileError(ValueError):
+    """A --from-record file is unreadable or malformed."""
+
+
+def read_records(files: list[str], kernels: list[Any]
+                 ) -> tuple[dict[str, list[Workload]], list[Arch]]:
+    """Workloads per kernel name, and the archs, from runtime record files (deduplicated)."""
+    by_name = {k.name: k for k in kernels}
+    extra: dict[str, list[Workload]] = {}
+    seen: set[str] = set()
+    archs: list[Arch] = []
+    for file in files:
+        try:
+            text = Path(file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RecordFileError(f"--from-record {file}: cannot read: {exc}") from None
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"--from-record {file}:{n}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecordFileError(f"{where}: not JSON: {exc}") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("kernel"), str) \
+                    or not isinstance(obj.get("workload"), dict):
+                raise RecordFileError(f"{where}: expected an object with \"kernel\" (str), "
+                                      "\"workload\" (object) and \"arch\"")
+            kernel = by_name.get(obj["kernel"])
+            if kernel is None:
+                raise RecordFileError(f"{where}: no kernel named {obj['kernel']!r} in this "
+                                      f"project (kernels: {', '.join(sorted(by_name))})")
+            if set(obj["workload"]) != set(kernel.params):
+                raise RecordFileError(f"{where}: workload arguments {sorted(obj['workload'])} "
+                                      f"do not match {kernel.name}'s "
+                                      f"({', '.join(kernel.params)})")
+            try:
+                w = Workload({p: spec_from_json(obj["workload"][p]) for p in kernel.params})
+                arch = Arch(obj["arch"]) if obj.get("arch") is not None else None
+            except (TypeError, ValueError, KeyError) as exc:
+                raise RecordFileError(f"{where}: {type(exc).__name__}: {exc}") from None
+            if arch is not None and arch not in archs:
+                archs.append(arch)
+            ident = json.dumps([kernel.name, obj["workload"]], sort_keys=True)
+            if ident not in seen:
+                seen.add(ident)
+                extra.setdefault(kernel.name, []).append(w)
+    return extra, archs
+
+
+def _write_atomic(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    report = Path(args.report).resolve() if args.report else None
+    if report is not None and (not report.parent.is_dir() or report.is_dir()):
+        return fail(f"--report {args.report}: " + ("is a directory" if report.is_dir() else
+                                                   f"directory {report.parent} does not exist"))
+    from farm.env import STRIPPED_ENV
+    dropped = [k for k in STRIPPED_ENV if os.environ.pop(k, None) is not None]
+
+    from ..plan import make_plan
+    from ..toolchain import probe
+    project = project_from_args(args)
+    kernels = project.kernels()
+    try:
+        extra, record_archs = read_records(args.from_record, kernels)
+    except RecordFileError as exc:
+        return fail(str(exc))
+    archs = list(project.archs) + [a for a in record_archs if a not in project.archs]
+    toolchain = probe()
+    plan = make_plan(kernels, archs, toolchain.fingerprint, project.cap, extra_workloads=extra)
+
+    from cache import CacheError, Store
+    try:
+        with Store(project.cache_dir, readonly=False) as store:
+            store.put_toolchain(toolchain.fingerprint, toolchain.profile)
+    except (CacheError, OSError, ValueError) as exc:
+        return fail(f"cache {project.cache_dir}: {exc}")
+
+    stream = sys.stderr if args.json else sys.stdout
+    if not args.json and dropped:
+        print(f"note: ignoring {', '.join(dropped)} (the pip tileiras uses its own ptxas/libnvvm)",
+              file=stream)
+    jobs = {key: job.to_json() for key, job in plan.jobs.items()}
+    result, error = _run_farm(args, project, toolchain.fingerprint, list(jobs.values()), stream)
+    if error is not None:
+        return fail(error, 1)
+
+    rows = []
+    for rec in result.records:
+        job = jobs[rec.key]
+        rows.append({"key": rec.key, "kernel": job["kernel"], "arch": job["arch"],
+                     "config": job["config"], "workload": job["workload"],
+                     "status": rec.status, "seconds": round(rec.seconds, 4),
+                     "attempts": rec.attempts, "worker": rec.worker,
+                     "error_type": rec.error_type, "error": rec.error})
+    failures = [{"key": r["key"], "kernel": r["kernel"], "arch": r["arch"],
+                 "config": r["config"], "error_type": r["error_type"],
+                 "error": result.records[i].first_error_line}
+                for i, r in enumerate(rows) if r["status"] == "failed"]
+    from ..progress import kernel_summary, render_summary
+    summary: dict[str, Any] = {
+        "jobs": len(rows), "compiled": result.count("compiled"),
+        "cached": result.count("cached"), "failed": result.count("failed"),
+        "seconds": round(time.perf_counter() - started, 3), "workers": result.workers,
+        "startup_seconds": round(result.startup_seconds, 3),
+        "compile_seconds": round(sum(r["seconds"] for r in rows), 3),
+        "restarts": result.restarts, "toolchain": toolchain.fingerprint,
+        "archs": [str(a) for a in archs], "cache": str(project.cache_dir),
+        "address": result.address, "fatal": result.fatal,
+        "kernels": kernel_summary(rows), "failures": failures,
+    }
+    if report is not None:
+        _write_atomic(report, {"summary": summary, "worker_info": result.worker_info,
+                               "jobs": rows})
+    if args.json:
+        print_json(summary)
+    else:
+        print(render_summary(summary["kernels"], failures, summary))
+    if result.fatal or (failures and not args.allow_failures):
+        return 1
+    return 0
+
+
+def _run_farm(args: argparse.Namespace, project: Any, fingerprint: str,
+              jobs: list[dict[str, Any]], stream: Any) -> tuple[Any, str | None]:
+    """Run the jobs on the farm with a progress display; (result, None) or (None, error)."""
+    import cache as cache_pkg
+    import ctbuild
+    import farm as farm_pkg
+    from farm import Farm, FarmError, FarmOptions
+    from farm.cluster import module_paths, resolve_address
+
+    from ..progress import Progress
+
+    address = resolve_address(args.address)
+    paths = [str(p) for p in project.paths]
+    ship: list[str] = []
+    if address is not None:  # ship our packages and the kernel modules to the cluster
+        try:
+            ship = [str(Path(m.__file__).parent) for m in (ctbuild, farm_pkg, cache_pkg)]
+            ship += module_paths(project.modules, paths)
+        except FarmError as exc:
+            raise ConfigError(str(exc)) from None
+    options = FarmOptions(
+        workers=args.workers, address=address, compile_timeout=args.compile_timeout,
+        setup_fn="ctbuild.buildworker:warm_worker",
+        setup_args=(list(project.modules), paths if address is None else []),
+        sys_paths=paths, ship=ship, fatal_errors=("CompileMismatchError",),
+        expect={"toolchain": fingerprint})
+    progress = Progress(len(jobs), stream)
+
+    def on_start(todo: int) -> None:
+        where = f"Ray at {address}" if address else "embedded Ray"
+        progress.phase(f"{todo} to compile, {len(jobs) - todo} cached; starting workers on "
+                       f"{where}")
+
+    try:
+        # Ray's driver threads print cluster events (e.g. "A worker died...") to sys.stdout;
+        # keep stdout for our output (one JSON object with --json) and send those to stderr.
+        with contextlib.redirect_stdout(sys.stderr), \
+                Farm(project.cache_dir, "ctbuild.compiler:compile_job", options) as farm:
+            result = farm.run(jobs, on_record=progress.record, on_tick=progress.tick,
+                              on_start=on_start)
+    except FarmError as exc:
+        progress.close()
+        return None, str(exc)
+    except KeyboardInterrupt:
+        progress.close()
+        return None, "interrupted; finished CUBINs are kept, nothing failed was cached"
+    progress.close()
+    return result, None

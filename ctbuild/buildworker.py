@@ -1,0 +1,29 @@
+"""What a farm worker runs once before compiling: the ctbuild side of the farm's setup hook.
+
+`farm` imports nothing of ctbuild; the driver passes these top-level functions to it by
+reference and Ray imports them on the workers (shipped with the ``ctbuild`` package).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+
+def warm_worker(modules: list[str], paths: list[str]) -> dict[str, Any]:
+    """Import the project's kernel modules and probe the toolchain (once per worker process).
+
+    Returns the worker's toolchain fingerprint, which the farm compares with the driver's:
+    a worker that would build with another cuda-tile/tileiras is refused before it compiles.
+    """
+    for path in reversed(paths):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    for name in modules:
+        importlib.import_module(name)
+    from .toolchain import probe
+    toolchain = probe()
+    return {"toolchain": toolchain.fingerprint, "cuda_tile": toolchain.profile["cuda_tile"],
+            "tileiras": toolchain.paths["tileiras"],
+            "sources": {name: getattr(sys.modules[name], "__file__", None)
+                        for name in ["ctbuild", *modules]}}

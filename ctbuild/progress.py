@@ -1,0 +1,161 @@
+"""Driver-side rendering for ``ctbuild precompile``: a progress bar and the summary table.
+
+On a terminal: one bar redrawn in place (done/total, rate, ETA, failures). Otherwise (CI logs,
+``docker build``): a plain line every few seconds and one at the end, never a carriage return.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Iterable, TextIO
+
+BAR_WIDTH = 28
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+    """Counts finished jobs and draws them; feed it `record` per job and `tick` while waiting."""
+
+    def __init__(self, total: int, stream: TextIO, *, tty: bool | None = None,
+                 interval: float = 5.0, enabled: bool = True) -> None:
+        self.total = total
+        self.stream = stream
+        self.tty = stream.isatty() if tty is None else tty
+        self.interval = interval
+        self.enabled = enabled
+        self.done = self.failed = self.cached = 0
+        self.start = time.monotonic()
+        self.first_compile: float | None = None
+        self._last_line = self.start
+        self._last_draw = 0.0
+        self._phase = ""
+        self._drawn = False
+        self._last_done = -1
+
+    def phase(self, text: str) -> None:
+        """A status shown until the first job finishes (e.g. 'starting 8 workers')."""
+        self._phase = text
+        if not self.enabled:
+            return
+        if self.tty:
+            self._draw(force=True)
+        else:
+            self._write(f"precompile: {text}\n")
+
+    def record(self, rec: Any) -> None:
+        self.done += 1
+        if rec.status == "failed":
+            self.failed += 1
+        elif rec.status == "cached":
+            self.cached += 1
+        elif self.first_compile is None:
+            self.first_compile = time.monotonic()
+        self._phase = ""
+        self.tick(force=self.done == self.total)
+
+    def tick(self, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.tty:
+            if force or now - self._last_draw >= 0.1:
+                self._draw()
+        elif force or now - self._last_line >= self.interval:
+            self._last_line = now
+            self._last_done = self.done
+            self._write(f"precompile: {self.status_text()}\n")
+
+    def status_text(self) -> str:
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        text = f"{self.done}/{self.total} ({pct:.0f}%)"
+        worked = self.done - self.cached
+        elapsed = time.monotonic() - self.start
+        if worked > 0 and elapsed > 0:
+            rate = worked / elapsed
+            text += f"  {rate:.1f} cfg/s"
+            if self.done < self.total:
+                text += f"  ETA {_duration((self.total - self.done) / rate)}"
+        text += f"  elapsed {_duration(elapsed)}"
+        if self.failed:
+            text += f"  failed {self.failed}"
+        if self._phase:
+            text += f"  ({self._phase})"
+        return text
+
+    def _draw(self, force: bool = False) -> None:
+        self._last_draw = time.monotonic()
+        filled = int(BAR_WIDTH * self.done / self.total) if self.total else BAR_WIDTH
+        bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+        self._write(f"\r\x1b[Kprecompile [{bar}] {self.status_text()}")
+        self._drawn = True
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.tty and self._drawn:
+            self._draw()
+            self._write("\n")
+        elif not self.tty and self.done and self._last_done != self.done:
+            self._write(f"precompile: {self.status_text()}\n")
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+
+def kernel_summary(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-kernel counts from per-job rows (``kernel``, ``status``, ``seconds``)."""
+    table: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"jobs": 0, "compiled": 0, "cached": 0, "failed": 0, "compile_seconds": 0.0})
+    for row in rows:
+        t = table[row["kernel"]]
+        t["jobs"] += 1
+        t[row["status"]] += 1
+        t["compile_seconds"] += row.get("seconds") or 0.0
+    out = []
+    for name, t in table.items():
+        t["compile_seconds"] = round(t["compile_seconds"], 3)
+        t["mean_seconds"] = round(t["compile_seconds"] / t["compiled"], 3) if t["compiled"] else None
+        out.append({"kernel": name, **t})
+    return out
+
+
+def render_summary(kernels: list[dict[str, Any]], failures: list[dict[str, Any]],
+                   summary: dict[str, Any]) -> str:
+    """The human summary printed at the end of a precompile."""
+    lines = [f"{'kernel':<20} {'jobs':>5} {'compiled':>9} {'cached':>7} {'failed':>7} "
+             f"{'compile s':>10} {'mean s':>7}"]
+    for k in kernels:
+        mean = f"{k['mean_seconds']:.3f}" if k["mean_seconds"] is not None else "-"
+        lines.append(f"{k['kernel']:<20} {k['jobs']:>5} {k['compiled']:>9} {k['cached']:>7} "
+                     f"{k['failed']:>7} {k['compile_seconds']:>10.2f} {mean:>7}")
+    where = summary.get("address") or "embedded Ray"
+    lines.append("")
+    lines.append(
+        f"{summary['jobs']} jobs: {summary['compiled']} compiled, {summary['cached']} cached, "
+        f"{summary['failed']} failed in {summary['seconds']:.1f}s "
+        f"({summary['workers']} workers on {where}; start-up {summary['startup_seconds']:.1f}s) "
+        f"for {', '.join(summary['archs'])}; cache {summary['cache']}")
+    if failures:
+        lines.append("")
+        lines.append(f"FAILED ({len(failures)}):")
+        for f in failures:
+            cfg = ", ".join(f"{k}={v}" for k, v in (f.get("config") or {}).items())
+            error = f["error"] or ""
+            if f.get("error_type") and not error.startswith(f["error_type"]):
+                error = f"{f['error_type']}: {error}"
+            lines.append(f"  {f['kernel']} {f['arch']} {{{cfg}}}: {error}")
+        lines.append("failed configs are not cached; fix or prune them (or pass "
+                     "--allow-failures to exit 0), then run precompile again")
+    if summary.get("fatal"):
+        lines.append("")
+        lines.append(f"ABORTED: {summary['fatal']}")
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Starting an embedded Ray, or joining an existing cluster, for the farm.
+
+Embedded (default): a local Ray sized to the worker count, started for speed: no dashboard,
+no usage stats, worker logs not streamed to the driver (errors come back in job records).
+Joining (``address`` or ``$RAY_ADDRESS``): the job's runtime_env ships the given Python
+packages/modules to every node (``py_modules``), so kernel sources need not be installed there;
+the workers must still have cuda-tile[tileiras], ray, diskcache and xxhash installed, and the
+cache directory must be the same shared filesystem path on every node.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from .records import FarmError
+
+#: Files never shipped to cluster workers.
+SHIP_EXCLUDES = ["__pycache__", "*.pyc", ".git", "*.egg-info"]
+
+
+def resolve_address(address: str | None) -> str | None:
+    """The cluster to join: the flag, else ``$RAY_ADDRESS``, else None (embedded)."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    return None if address in (None, "", "local") else address
+
+
+def module_paths(modules: list[str], search: list[str]) -> list[str]:
+    """The top-level package directories (or single .py files) that hold ``modules``, found
+    under the ``search`` directories; what py_modules must ship for them to import."""
+    found: list[str] = []
+    for name in modules:
+        top = name.split(".")[0]
+        for base in search:
+            pkg, mod = Path(base) / top, Path(base) / f"{top}.py"
+            hit = str(pkg) if (pkg / "__init__.py").is_file() else str(mod) if mod.is_file() \
+                else None
+            if hit:
+                if hit not in found:
+                    found.append(hit)
+                break
+        else:
+            raise FarmError(f"cannot ship module {name!r} to the cluster: no package "
+                            f"{top}/ or {top}.py under {', '.join(search) or '(no paths)'}")
+    return found
+
+
+def connect(address: str | None, num_cpus: int, ship: list[str] | None = None,
+            env_vars: dict[str, str] | None = None) -> dict[str, Any]:
+    """Start (address None) or join Ray. Returns {"owned", "address", "cpus"}."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    if ray.is_initialized():
+        return {"owned": False, "address": address, "cpus": _cpus(ray)}
+    common = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True,
+                  namespace="ctbuild-farm")
+    if address is not None:
+        _check_reachable(address)
+    try:
+        if address is None:
+            # Ray warns that its new local cluster uses token auth; for an embedded, private
+            # cluster that is noise in a build log.
+            logging.getLogger("ray._private.authentication.authentication_token_setup"
+                              ).setLevel(logging.ERROR)
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=0, include_dashboard=False,
+                     object_store_memory=128 * 1024 * 1024, **common)
+        else:
+            runtime_env: dict[str, Any] = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0",
+                                                        **(env_vars or {})}}
+            if ship:
+                runtime_env["py_modules"] = list(ship)
+                runtime_env["excludes"] = SHIP_EXCLUDES
+            ray.init(address=address, runtime_env=runtime_env, **common)
+    except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; all mean "no cluster"
+        where = f"join the Ray cluster at {address}" if address else "start a local Ray"
+        why = f"{type(exc).__name__}: {exc}"
+        cause = exc.__cause__
+        if cause is not None and "Auth" in type(cause).__name__:
+            why += (" (the cluster uses token authentication: set RAY_AUTH_MODE=token and "
+                    "provide its token in ~/.ray/auth_token or $RAY_AUTH_TOKEN)")
+        elif cause is not None:
+            why += f" ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})"
+        raise FarmError(f"could not {where}: {why}") from exc
+    return {"owned": True, "address": address, "cpus": _cpus(ray)}
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast when nothing listens at a host:port address (Ray itself retries for minutes)."""
+    if "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise FarmError(f"--address {address!r}: expected HOST:PORT, e.g. 10.0.0.5:6379")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise FarmError(f"could not join the Ray cluster at {address}: nothing answers there "
+                        f"({exc}); start it with 'ray start --head --port {port}' or fix "
+                        "--address / $RAY_ADDRESS") from None
+
+
+def _cpus(ray: Any) -> int:
+    return int(ray.cluster_resources().get("CPU", 0))
+
+
+def disconnect(owned: bool) -> None:
+    if owned:
+        import ray
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def describe_cluster() -> dict[str, Any]:
+    """Nodes and CPUs of the Ray the farm is connected to (for reports)."""
+    import ray
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return {"nodes": len(nodes), "cpus": _cpus(ray)}

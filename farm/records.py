@@ -1,0 +1,59 @@
+"""What the farm reports: one `JobRecord` per job, and the `FarmResult` of a run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Job outcomes. ``cached``: the key was already in the cache (nothing compiled).
+COMPILED, CACHED, FAILED = "compiled", "cached", "failed"
+
+
+class FarmError(RuntimeError):
+    """The farm could not run at all (Ray would not start, a worker could not set up, a worker's
+    toolchain differs from the driver's): no point in trying more jobs."""
+
+
+@dataclass
+class JobRecord:
+    """The outcome of one job. Small: no CUBIN bytes (the worker stored those in the cache)."""
+    key: str
+    status: str
+    seconds: float = 0.0          # compile seconds measured in the worker (0 when not compiled)
+    error: str | None = None      # full error text when failed
+    error_type: str | None = None  # exception class name, "WorkerDied", "Timeout", "Aborted"
+    attempts: int = 0             # how many times a worker started this job
+    worker: str | None = None     # "host:pid" of the worker that finished it
+
+    @property
+    def ok(self) -> bool:
+        return self.status != FAILED
+
+    @property
+    def first_error_line(self) -> str:
+        for line in (self.error or "").splitlines():
+            if line.strip():
+                return line.strip()
+        return ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class FarmResult:
+    """Every job's record (in the order the jobs were given) and how the run went."""
+    records: list[JobRecord] = field(default_factory=list)
+    workers: int = 0              # worker slots used (0: nothing to compile, Ray not started)
+    startup_seconds: float = 0.0  # Ray start/connect + workers imported and warm
+    run_seconds: float = 0.0      # first batch submitted -> last record in
+    restarts: int = 0             # workers replaced after a crash or a hang
+    fatal: str | None = None      # why the build was aborted, if it was
+    worker_info: list[dict[str, Any]] = field(default_factory=list)
+    address: str | None = None    # the Ray cluster joined, or None for the embedded one
+
+    def count(self, status: str) -> int:
+        return sum(1 for r in self.records if r.status == status)
+
+    @property
+    def failures(self) -> list[JobRecord]:
+        return [r for r in self.records if r.status == FAILED]

@@ -1,0 +1,117 @@
+"""The worker actor: set up once (env, imports, toolchain probe, cache), then compile batches.
+
+`FarmWorker` is a plain class; the executor wraps it with ``ray.remote``. ``run_batch`` is a
+generator: Ray streams one small record per job back to the driver as soon as it is done, so the
+driver knows which job a worker is on (to blame the right job for a crash or a hang).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+from .env import STRIPPED_ENV, clean_worker_env
+from .records import CACHED, COMPILED, FAILED
+
+#: Job fields copied into the cache entry's metadata when present.
+META_FIELDS = ("kernel", "kernel_fp", "arch", "config", "workload")
+#: At most this much error text is kept per failed job.
+MAX_ERROR_CHARS = 8000
+
+
+def callable_ref(fn: Callable[..., Any] | str | None) -> str | bytes | None:
+    """A reference a worker can resolve: ``"module:qualname"`` for importable top-level
+    functions (pickled by reference, imported on the worker), else cloudpickled bytes."""
+    if fn is None or isinstance(fn, str):
+        return fn
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname:
+        return f"{module}:{qualname}"
+    import cloudpickle  # shipped with Ray
+    return cloudpickle.dumps(fn)
+
+
+def resolve_callable(ref: str | bytes | None) -> Callable[..., Any] | None:
+    if ref is None:
+        return None
+    if isinstance(ref, bytes):
+        return pickle.loads(ref)  # noqa: S301 - produced by our own driver, never read from disk
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if not str(exc).strip():  # a bare exception: the traceback is the only clue
+        text += "\n" + "".join(traceback.format_exception(exc))[-2000:]
+    return text[:MAX_ERROR_CHARS]
+
+
+def _is_fatal(exc: BaseException, fatal: tuple[str, ...]) -> bool:
+    return any(cls.__name__ in fatal for cls in type(exc).__mro__)
+
+
+class FarmWorker:
+    """One worker slot. ``spec`` is a JSON-able dict built by the executor."""
+
+    def __init__(self, slot: str, spec: dict[str, Any]) -> None:
+        self.slot = slot
+        self.spec = spec
+        self.compile_fn: Callable[..., dict[str, Any]] | None = None
+        self.store: Any = None
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def warm(self) -> dict[str, Any]:
+        """Environment, sys.path, imports, toolchain probe and cache, once per process."""
+        start = time.perf_counter()
+        removed = clean_worker_env(self.slot, tuple(self.spec.get("strip_env", STRIPPED_ENV)),
+                                   self.spec.get("env"))
+        for path in reversed(self.spec.get("sys_paths", [])):
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        self.compile_fn = resolve_callable(self.spec["compile_fn"])
+        setup = resolve_callable(self.spec.get("setup_fn"))
+        info = dict(setup(*self.spec.get("setup_args", [])) or {}) if setup else {}
+        from cache import Store
+        self.store = Store(self.spec["cache_dir"], readonly=False)
+        return {"slot": self.slot, "worker": self.name, "pid": os.getpid(),
+                "warm_seconds": round(time.perf_counter() - start, 3),
+                "stripped_env": sorted(removed), **info}
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def run_batch(self, jobs: list[dict[str, Any]], timeout_sec: float | None):
+        for job in jobs:
+            yield self.run_one(job, timeout_sec)
+
+    def run_one(self, job: dict[str, Any], timeout_sec: float | None) -> dict[str, Any]:
+        key = job["key"]
+        rec: dict[str, Any] = {"key": key, "worker": self.name, "seconds": 0.0}
+        if self.compile_fn is None or self.store is None:
+            return {**rec, "status": FAILED, "error_type": "FarmError",
+                    "error": "worker was not set up (warm() did not run)"}
+        try:
+            if self.store.has_compile(key):  # another build stored it since the driver looked
+                return {**rec, "status": CACHED}
+            start = time.perf_counter()
+            out = self.compile_fn(job, timeout_sec=timeout_sec)
+            seconds = float(out.get("seconds", time.perf_counter() - start))
+            meta = {f: job[f] for f in META_FIELDS if f in job}
+            meta.update({"toolchain": out.get("toolchain", job.get("toolchain")),
+                         "compile_seconds": round(seconds, 4)})
+            meta.update(out.get("meta") or {})
+            self.store.put_compile(key, out["cubin"], symbol=out["symbol"], meta=meta)
+            return {**rec, "status": COMPILED, "seconds": seconds}
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - every failure is a record
+            return {**rec, "status": FAILED, "error": error_text(exc),
+                    "error_type": type(exc).__name__,
+                    "fatal": _is_fatal(exc, tuple(self.spec.get("fatal_errors", ())))}

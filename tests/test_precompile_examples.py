@@ -1,0 +1,47 @@
+"""`ctbuild precompile` on the examples: every planned job compiles; a rerun compiles nothing."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
+from cli_helpers import ROOT, explain, precompile  # noqa: E402
+
+from cache import Store  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_examples_clean_then_incremental(tmp_path):
+    cache = tmp_path / "cache"
+    report = tmp_path / "report.json"
+    args = ("--config", str(ROOT / "examples" / "ctbuild.toml"), "--arch", "sm_90,sm_100",
+            "--cache", str(cache), "--json")
+    proc, first_s, out = precompile(*args, "--report", str(report))
+    assert proc.returncode == 0, explain(proc)
+    planned = json.loads(__import__("subprocess").run(
+        [sys.executable, "-m", "ctbuild", "plan", "--config", str(ROOT / "examples/ctbuild.toml"),
+         "--arch", "sm_90,sm_100", "--json"], capture_output=True, text=True, cwd=ROOT,
+        check=True).stdout)
+    assert out["jobs"] == planned["jobs"] > 100
+    assert out["compiled"] == out["jobs"] and out["failed"] == 0 and out["cached"] == 0
+    assert out["failures"] == [] and out["archs"] == ["sm_90", "sm_100"]
+    assert out["toolchain"] == planned["toolchain"] and out["workers"] >= 1
+    assert {k["kernel"] for k in out["kernels"]} == {k["name"] for k in planned["kernels"]}
+    rows = json.loads(report.read_text())["jobs"]
+    assert len(rows) == out["jobs"] and all(r["status"] == "compiled" for r in rows)
+    with Store(cache) as store:
+        assert all(store.has_compile(r["key"]) for r in rows)
+        hit = store.get_compile(rows[0]["key"])
+        assert hit.cubin[:4] == b"\x7fELF" and hit.symbol
+        assert hit.meta["arch"] == rows[0]["arch"] and hit.meta["kernel"] == rows[0]["kernel"]
+        assert out["toolchain"] in store.toolchains()
+
+    proc, second_s, again = precompile(*args)
+    assert proc.returncode == 0, explain(proc)
+    assert again["compiled"] == 0 and again["cached"] == out["jobs"] and again["failed"] == 0
+    assert again["workers"] == 0  # nothing to compile: Ray is not started
+    assert second_s < 0.35 * first_s, (first_s, second_s)
