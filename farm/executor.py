@@ -285,12 +285,14 @@ class Farm:
             """The slot's worker is gone: blame its current job (retry or fail), re-queue the rest."""
             rest: list[dict[str, Any]] = []
             current = None
-            for i, b in enumerate(slot.batches):
-                if i == 0 and b.done < len(b.jobs):
-                    current = b.jobs[b.done]
-                    rest.extend(b.jobs[b.done + 1:])
-                else:
-                    rest.extend(b.jobs[b.done:] if i == 0 else b.jobs)
+            # An actor runs its batches one after another, so the job it was on is the first
+            # without a result: possibly in the second batch, when the first has delivered all
+            # its records but its generator's end has not been seen yet.
+            for b in slot.batches:
+                left = b.jobs[b.done:]
+                if current is None and left:
+                    current, left = left[0], left[1:]
+                rest.extend(left)
             slot.batches.clear()
             pending.extendleft(reversed(rest))
             if current is not None:

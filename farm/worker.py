@@ -74,13 +74,15 @@ class FarmWorker:
         start = time.perf_counter()
         removed = clean_worker_env(self.slot, tuple(self.spec.get("strip_env", STRIPPED_ENV)),
                                    self.spec.get("env"))
+        # Import our own packages before the project's paths go first on sys.path: a project
+        # folder named like one of them (say cache/) must not shadow it.
+        from cache import Store
         for path in reversed(self.spec.get("sys_paths", [])):
             if path not in sys.path:
                 sys.path.insert(0, path)
         self.compile_fn = resolve_callable(self.spec["compile_fn"])
         setup = resolve_callable(self.spec.get("setup_fn"))
         info = dict(setup(*self.spec.get("setup_args", [])) or {}) if setup else {}
-        from cache import Store
         self.store = Store(self.spec["cache_dir"], readonly=False)
         return {"slot": self.slot, "worker": self.name, "pid": os.getpid(),
                 "warm_seconds": round(time.perf_counter() - start, 3),

@@ -22,7 +22,7 @@ def test_worker_death_retried_elsewhere(tmp_path):
     assert out["compiled"] == 6 and out["failed"] == 0 and out["restarts"] >= 1
     rows = json.loads(report.read_text())["jobs"]
     victim = next(r for r in rows if r["config"] == {"TILE": 128, "occupancy": 2})
-    assert victim["status"] == "compiled" and victim["attempts"] == 2
+    assert victim["status"] == "compiled" and victim["attempts"] == 2, json.dumps(victim)
     assert victim["worker"] and not victim["worker"].endswith(f":{dead_pid}")
     with Store(tmp_path / "cache") as store:
         assert all(store.has_compile(r["key"]) for r in rows)
