@@ -7,7 +7,7 @@ CACHE ?= .ctbuild-cache
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[test]'
+	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[test]' --config-settings editable_mode=compat
 	touch $@
 
 .PHONY: examples test plan
