@@ -173,7 +173,7 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
                     "opts": {**opts.__dict__}, "events": str(events_path)}
             spec_path = Path(tmp) / f"spec-{restarts}.json"
             spec_path.write_text(json.dumps(spec))
-            proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tuning", str(spec_path)],
+            proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tune_session", str(spec_path)],
                                     stdout=sys.stderr)
             current: int | None = None
             last_cfg: dict[str, Any] | None = None
@@ -245,7 +245,7 @@ def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
 
 
 def _child(spec_path: str) -> int:
-    """The supervised tuning process (``python -m ctbuild.tuning SPEC``)."""
+    """The supervised tuning process (``python -m ctbuild.tune_session SPEC``)."""
     spec = json.loads(Path(spec_path).read_text())
     from cache import Store
     from .config import load_project
