@@ -43,3 +43,20 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None):
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "ctbuild", *args], capture_output=True,
                           text=True, cwd=cwd or ROOT, env=full_env, timeout=600)
+
+
+#: The toolchain fingerprint runtime tests record in their caches.
+RUNTIME_TOOLCHAIN = "e" * 32
+
+
+@pytest.fixture
+def runtime_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A fresh cache with a recorded toolchain, no runtime env vars, and a runtime reset after."""
+    from cache import Store
+    from ctbuild import runtime
+    for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
+        monkeypatch.delenv(var, raising=False)
+    store = Store(tmp_path / "cache")
+    store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
+    yield store
+    runtime.reset()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
-from cli_helpers import PROJECT, ROOT, SMALL, explain, precompile  # noqa: E402
+from cli_helpers import PROJECT, SMALL, explain, precompile  # noqa: E402
 
 from cache import Store  # noqa: E402
 

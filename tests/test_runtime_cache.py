@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from gpu_runtime_examples import ROOT, host_tensors, load_examples  # noqa: E402
 
 from cache import Store  # noqa: E402
+from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
 from ctbuild import runtime  # noqa: E402
 from ctbuild.served import CubinSource, ServedKernel  # noqa: E402
 from ctbuild.signature import derive_signature  # noqa: E402
@@ -21,17 +22,12 @@ from ctbuild.space import Config  # noqa: E402
 
 KERNELS = load_examples()
 GPU = "NVIDIA H100 80GB HBM3"
-TC = "e" * 32
+TC = RUNTIME_TOOLCHAIN
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-    for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
-        monkeypatch.delenv(var, raising=False)
-    s = Store(tmp_path / "cache")
-    s.put_toolchain(TC, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
-    yield s
-    runtime.reset()
+def store(runtime_store: Store) -> Store:
+    return runtime_store
 
 
 def _signature_and_key(source: CubinSource, name: str, cfg: Config):

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 from cache import Store  # noqa: E402
+from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
 from ctbuild import runtime  # noqa: E402
 from ctbuild.keys import tuning_record_key  # noqa: E402
 from ctbuild.miss_policy import CacheMissError, RuntimeConfigError  # noqa: E402
@@ -23,17 +24,12 @@ from ctbuild.specs import Workload, spec_from_json  # noqa: E402
 
 KERNELS = load_examples()
 GPU = "NVIDIA H100 80GB HBM3"
-TC = "f" * 32
+TC = RUNTIME_TOOLCHAIN
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-    for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
-        monkeypatch.delenv(var, raising=False)
-    s = Store(tmp_path / "cache")
-    s.put_toolchain(TC, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
-    yield s
-    runtime.reset()
+def store(runtime_store: Store) -> Store:
+    return runtime_store
 
 
 def record_for(store: Store, name: str, cfg: dict, w: Workload | None = None) -> str:

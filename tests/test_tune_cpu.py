@@ -4,8 +4,6 @@ fake ``exhaustive_search`` (the GPU tests in test_tune_gpu.py run the real one).
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
