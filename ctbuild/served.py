@@ -111,7 +111,6 @@ class ServedKernel(ct.kernel):
         super().__init__(tuned.pyfunc, num_ctas=options.num_ctas, occupancy=options.occupancy,
                          opt_level=options.opt_level, num_worker_warps=options.num_worker_warps)
         self.tuned, self.config, self.source = tuned, cfg, source
-        self.last_origin = ""
 
     def _compile(self, signature: Any, context: Any,
                  compute_capability: tuple[int, int] | None = None) -> tuple:
@@ -121,7 +120,6 @@ class ServedKernel(ct.kernel):
         found = self.source.lookup(self.tuned, self.config, signature, arch)
         if found is not None:
             STATS.add(hits=1)
-            self.last_origin = "cache"
             cubin, symbol = found
             return cubin, symbol, None, ()
         STATS.add(misses=1)
@@ -129,7 +127,6 @@ class ServedKernel(ct.kernel):
             raise LookupError(
                 f"kernel {self.tuned.name!r} config {self.config!r}: no CUBIN in the cache for "
                 f"{arch} and this signature")
-        self.last_origin = "jit"
         cubin, symbol = self.source.on_miss(self, signature, context, arch)
         return cubin, symbol, None, ()
 
