@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import cuda.tile as ct
@@ -209,10 +210,14 @@ class TunedKernel:
     # ---- launching (the runtime is imported on first use only) ----------------------------
     @property
     def runtime(self) -> Any:
-        if self._runtime is None:
-            from .runtime import KernelRuntime
-            self._runtime = KernelRuntime(self)
-        return self._runtime
+        runtime = self._runtime
+        if runtime is None:
+            with _RUNTIME_LOCK:  # many first calls at once must share one runtime
+                if self._runtime is None:
+                    from .runtime import KernelRuntime
+                    self._runtime = KernelRuntime(self)
+                runtime = self._runtime
+        return runtime
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         self.runtime.call(args, kwargs)
@@ -230,6 +235,7 @@ def _jsonable(value: Any) -> Any:
 
 
 _REGISTRY: dict[str, TunedKernel] = {}
+_RUNTIME_LOCK = threading.Lock()
 
 
 def registered() -> list[TunedKernel]:

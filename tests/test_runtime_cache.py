@@ -193,3 +193,27 @@ def test_hot_path_skips_the_slow_path(store: Store, monkeypatch: pytest.MonkeyPa
     tuned(again[0], again[1], again[2], 1e-5)  # another scalar value: resolved once more
     tuned(X=again[0], W=again[1], OUT=again[2], eps=1e-5)  # keywords: same entry
     assert len(slow) == 2 and launches[-1][3][3] == 1e-5
+
+
+def test_racing_first_calls_share_one_runtime(store: Store) -> None:
+    """16 threads asking a fresh kernel for its runtime at once get the same object."""
+    runtime.configure(store=store)
+    tuned = KERNELS["matmul"]
+    barrier = threading.Barrier(16)
+    seen: list[object] = []
+
+    def worker() -> None:
+        barrier.wait()
+        seen.append(tuned.runtime)
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so an unlocked check-then-create races
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(seen) == 16 and len({id(r) for r in seen}) == 1
