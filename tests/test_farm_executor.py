@@ -33,7 +33,10 @@ def test_generic_jobs_failures_isolated_and_never_cached(tmp_path):
     assert by_key["k012"].status == "failed" and by_key["k012"].error_type == "ValueError"
     assert by_key["k012"].first_error_line == "ValueError: planted failure for k012"
     assert by_key["k013"].status == "failed" and "empty CUBIN" in by_key["k013"].error
-    assert result.count("compiled") == 18
+    # Every good job landed. (A job Ray re-delivers after a lost reply finds its own CUBIN and
+    # reports "cached", so the exact split between the two statuses is not asserted.)
+    landed = {r.key for r in result.records if r.status in ("compiled", "cached")}
+    assert landed == {f"k{i:03d}" for i, a in enumerate(actions) if a == "ok"}, result.records
     assert {i["slot"] for i in result.worker_info} == {"w0", "w1"}
     assert all(i["pid_env"] == i["slot"] for i in result.worker_info)  # FARM_WORKER is set
     with Store(tmp_path / "c") as store:
