@@ -14,6 +14,28 @@ from ..toolchain import ToolchainError
 EXIT_USAGE = 2
 
 
+def positive_int(text: str) -> int:
+    """argparse type for counts such as ``--workers``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type for timeouts such as ``--compile-timeout``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def add_project_args(parser: argparse.ArgumentParser, *, archs: bool = True,
                      cache: bool = True) -> None:
     parser.add_argument("--config", metavar="PATH",

@@ -19,7 +19,8 @@ from typing import Any
 from ..arch import Arch
 from ..config import ConfigError
 from ..specs import Workload, spec_from_json
-from .common import add_project_args, fail, guarded, print_json, project_from_args
+from .common import (add_project_args, fail, guarded, positive_int, positive_seconds,
+                     print_json, project_from_args)
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -51,26 +52,6 @@ exit status: 0 all built (or --allow-failures), 1 some job failed or the build w
 """
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
     p = sub.add_parser(name, help=summary, description=summary, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,10 +59,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--address", metavar="ADDR",
                    help="join this Ray cluster, e.g. 10.0.0.5:6379 (default: $RAY_ADDRESS; "
                         "unset: start an embedded local Ray)")
-    p.add_argument("--workers", metavar="N", type=_positive_int,
+    p.add_argument("--workers", metavar="N", type=positive_int,
                    help="worker processes at most (default: this machine's cores, or the "
                         "cluster's CPUs)")
-    p.add_argument("--compile-timeout", metavar="S", type=_positive_float,
+    p.add_argument("--compile-timeout", metavar="S", type=positive_seconds,
                    default=DEFAULT_TIMEOUT,
                    help=f"seconds one config may compile before it is recorded as failed "
                         f"(default {DEFAULT_TIMEOUT:g})")

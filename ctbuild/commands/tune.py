@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import add_project_args, fail, guarded, print_json, project_from_args
+from .common import (add_project_args, fail, guarded, positive_int, positive_seconds,
+                     print_json, project_from_args)
 
 EPILOG = """\
 examples:
@@ -38,25 +39,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                         "with measuring) instead of reporting them")
     p.add_argument("--kernel", metavar="NAME", action="append", default=[],
                    help="tune only this kernel (repeatable, or comma-separated)")
-    p.add_argument("--timeout", metavar="S", type=_positive, default=10.0,
+    p.add_argument("--timeout", metavar="S", type=positive_seconds, default=10.0,
                    help="seconds a candidate's first launch may take before it is recorded as "
                         "hung (default: 10)")
-    p.add_argument("--workers", metavar="N", type=int, default=None,
+    p.add_argument("--workers", metavar="N", type=positive_int, default=None,
                    help="compile processes for --compile-missing (default: CPUs - 1, max 16)")
     p.add_argument("--no-isolate", action="store_true",
                    help="tune in this process (default: a supervised child process, restarted "
                         "without a candidate that kills its CUDA context)")
     p.set_defaults(run=guarded(run))
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def _fmt_us(v: Any) -> str:
