@@ -448,65 +448,33 @@ class KernelRuntime:
                      stream: Any) -> Config:
         """Tune this workload on this GPU now (``CTBUILD_MODE=tune``) and record the winner.
 
-        Uses `ctbuild.tuning.tune_workload` (the ``ctbuild tune`` engine: cached CUBINs only)
-        when the cache has a toolchain; if that measures nothing (no candidate precompiled),
-        `ctbuild.online_tune` measures the candidates with JIT-compiled CUBINs. The caller's
-        in-place arguments are restored afterwards: the real launch applies the kernel once."""
+        The ``ctbuild tune`` engine (`ctbuild.tuning.tune_workload`) measures the candidates,
+        launched through this runtime's served kernels: cached CUBINs where present, JIT ones
+        (written back when allowed) where not. It records the winner when the cache is writable.
+        The caller's in-place arguments are restored afterwards: the real launch applies the
+        kernel once."""
+        from . import tuning
         tuned, ctx = self.tuned, self.ctx
         device = self._device_for(w)
-        tstream = _torch_stream(stream, device)
         snapshots = {name: w[name].clone() for name in tuned.restore}
         start = time.perf_counter()
-        cfg, how = None, ""
         try:
-            if ctx.toolchain_fp is not None and ctx.store is not None:
-                try:
-                    from . import tuning
-                except ImportError:
-                    tuning = None  # type: ignore[assignment]
-                if tuning is not None and hasattr(tuning, "tune_workload"):
-                    try:
-                        rec = tuning.tune_workload(
-                            tuned, w, store=ctx.store, toolchain_fp=ctx.toolchain_fp,
-                            device=tuning.Device(device, arch, gpu, tuning.driver_version()),
-                            timeout_s=None, write=ctx.writable, stream=tstream)
-                        if rec.get("config"):
-                            cfg, how = Config(rec["config"], tuned.name), "ctbuild.tuning"
-                    except Exception as exc:
-                        log.warning("ctbuild: kernel %r: tuning from cached CUBINs failed (%s); "
-                                    "tuning with JIT-compiled candidates", tuned.name, exc)
-            if cfg is None:
-                from .online_tune import tune_workload
-                for name, snap in snapshots.items():
-                    w[name].copy_(snap)
-                cfg, summary = tune_workload(tuned, w, arch, tstream, self.served_kernel)
-                how = "jit candidates"
-                self._record_online(w, tk, arch, gpu, record_key, cfg, summary,
-                                    time.perf_counter() - start)
+            rec = tuning.tune_workload(
+                tuned, w, store=ctx.store, toolchain_fp=ctx.toolchain_fp,
+                device=tuning.Device(device, arch, gpu, tuning.driver_version()),
+                timeout_s=None, write=ctx.writable and record_key is not None,
+                stream=_torch_stream(stream, device), served=self.served_kernel)
         finally:
             for name, snap in snapshots.items():
                 w[name].copy_(snap)
-        log.warning("ctbuild: kernel %r tuned online on %s in %.2f s (%s): %s", tuned.name, gpu,
-                    time.perf_counter() - start, how, cfg)
+        if not rec.get("config"):
+            failures = "; ".join(f"{f['config']}: {f['error']}" for f in rec["failures"][:3])
+            raise KernelCallError(f"kernel {tuned.name!r}: online tuning measured no candidate "
+                                  f"on {gpu} ({failures})")
+        cfg = Config(rec["config"], tuned.name)
+        log.warning("ctbuild: kernel %r tuned online on %s in %.2f s: %s", tuned.name, gpu,
+                    time.perf_counter() - start, cfg)
         return cfg
-
-    def _record_online(self, w: Workload, tk: list, arch: str, gpu: str, record_key: str | None,
-                       cfg: Config, summary: dict, seconds: float) -> None:
-        tuned, ctx = self.tuned, self.ctx
-        if record_key is None or not ctx.writable:
-            return
-        spec_w = workload_spec(tuned, w)
-        try:
-            signature = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w))
-            compile_key = ctx.source.key_for(tuned, cfg, signature, arch)
-            ctx.store.put_tuning(record_key, {
-                "kernel": tuned.name, "module": tuned.module, "kernel_fp": tuned.fingerprint,
-                "arch": arch, "gpu": gpu, "toolchain": ctx.toolchain_fp, "tuning_key": tk,
-                "workload": workload_json(spec_w), "config": cfg.to_json(),
-                "compile_key": compile_key, "seconds": round(seconds, 3),
-                "source": "online", **summary})
-        except Exception as exc:
-            log.warning("ctbuild: could not record the online winner of %s: %s", tuned.name, exc)
 
     def _reraise(self, exc: Exception) -> None:
         named = self._named(exc)

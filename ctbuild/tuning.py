@@ -154,7 +154,8 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
                   configs: Sequence[Config] | None = None, exclude: Mapping[str, str] | None = None,
                   pool: CompilePool | None = None, write: bool = True, seed: int = 0,
                   on_candidate: Callable[[Config], None] | None = None,
-                  stream: Any = None, input_device: Any = None) -> dict[str, Any]:
+                  stream: Any = None, input_device: Any = None,
+                  served: Callable[[Config], Any] | None = None) -> dict[str, Any]:
     """Tune one kernel x workload on this GPU from cached CUBINs; return (and store) the record.
 
     Args:
@@ -175,6 +176,10 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         on_candidate: called with each config before its first launch (progress/supervision).
         stream, input_device: where to launch and allocate (default: the device's current
             torch stream, ``cuda:<index>``).
+        served: the kernel object to launch per config (default: a `ServedKernel` reading
+            ``store``). The runtime passes its own, which JIT-compiles a missing CUBIN under its
+            miss policy; then no candidate is reported missing. ``store`` may then be None
+            (nothing is read from or written to it).
 
     Returns the record (see the module doc); ``record["config"]`` is None when no candidate
     could be measured, and such a record is not written.
@@ -185,7 +190,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
 
     started = time.perf_counter()
     device = device or current_device()
-    fp = toolchain_fp or toolchain_for(store)
+    fp = toolchain_fp or (toolchain_for(store) if store is not None else "")
     real = has_specs(w) is False and len(w) > 0
     spec = specs_of(w) if real else Workload(dict(w))
     arch = Arch(device.arch)
@@ -209,7 +214,8 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         else:
             measurable.append(cfg)
 
-    missing = [c for c in measurable if not store.has_compile(keys[c])]
+    missing = [] if served is not None else [
+        c for c in measurable if not store.has_compile(keys[c])]
     compiled: list[str] = []
     if pool is not None:
         for c in missing:
@@ -236,14 +242,14 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         tuned, spec, input_device or f"cuda:{device.index}", seed)
     inplace = InPlace(tuned, inputs)
     source = CubinSource(store, fp)
-    served: dict[Config, Any] = {}
+    kernels: dict[Config, Any] = {}
 
     last: list[Config | None] = [None]
 
     def kernel_for(cfg: Config) -> Any:
-        if cfg not in served:
-            served[cfg] = ServedKernel(tuned, cfg, source)
-        return served[cfg]
+        if cfg not in kernels:
+            kernels[cfg] = served(cfg) if served is not None else ServedKernel(tuned, cfg, source)
+        return kernels[cfg]
 
     def args_for(cfg: Config) -> tuple:
         if on_candidate is not None and cfg != last[0]:
@@ -305,7 +311,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
             winner = result.best.config
             # Leave the caller-visible tensors as after one clean launch of the winner.
             inplace.prepare()
-            ct.launch(stream, tuned.grid(winner, inputs), served[winner],
+            ct.launch(stream, tuned.grid(winner, inputs), kernel_for(winner),
                       tuned.kernel_args(winner, inputs))
             stream.synchronize()
 
@@ -341,7 +347,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         "source": "online" if real else "workload",
         "tuned_at": _now(),
     }
-    if write and winner is not None:
+    if write and winner is not None and store is not None:
         store.put_tuning(record_key(tuned, spec, device, fp), record)
     return record
 

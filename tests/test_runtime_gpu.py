@@ -169,6 +169,29 @@ def test_tune_mode_tunes_online_and_records(cache_copy: Path) -> None:
     assert rec is not None and rec["config"] == rkey["config"]
 
 
+def test_tune_mode_measures_uncached_candidates_through_jit(cache_copy: Path) -> None:
+    """An odd size changes the signature (no CUBIN cached): online tuning JIT-compiles the
+    candidates through the runtime's served kernels and still records a winner."""
+    runtime.configure(cache_dir=cache_copy, mode="tune")
+    silu = KERNELS["silu_mul"]
+    jit_before = runtime.stats()["jit_compiles"]
+    x, y = (torch.randn(1000, dtype=torch.float16, device="cuda") for _ in range(2))
+    out = torch.empty_like(x)
+    silu(x, y, out)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), torch.nn.functional.silu(x.float()) * y.float(),
+                               rtol=2e-2, atol=2e-2)
+    assert runtime.stats()["jit_compiles"] > jit_before
+    entry = silu.runtime.provenance()["entries"][0]
+    assert entry["config_from"] == "online"
+    from ctbuild.keys import tuning_record_key
+    key = tuning_record_key(kernel_fp=silu.fingerprint, tuning_key=entry["tuning_key"],
+                            arch=entry["arch"], gpu=entry["gpu"],
+                            toolchain_fp=runtime.context().toolchain_fp)
+    rec = Store(cache_copy).get_tuning(key)
+    assert rec is not None and rec["config"] == entry["config"] and rec["candidates"]
+
+
 def test_reset_to_zero_and_explicit_stream(cache_copy: Path) -> None:
     runtime.configure(cache_dir=cache_copy, mode="default")
     x = torch.randn(4096, device="cuda")
