@@ -47,14 +47,14 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
     """Compile ``job`` (a `CompileJob` as JSON): cubin, symbol, seconds, and the entry's
     ``meta`` (kernel, arch, config...: what ``ctbuild cache ls/rm/export`` select on)."""
     from cuda.tile._compile import compile_tile
-    from .plan import job_for
+    from .plan import job_and_signature
     from .toolchain import probe
 
     kernel = find_kernel(job["module"], job["kernel"])
     cfg = Config(job["config"], kernel.name)
     w = Workload({k: spec_from_json(v) for k, v in job["workload"].items()})
     toolchain = probe()
-    mine = job_for(kernel, cfg, w, job["arch"], toolchain.fingerprint)
+    mine, signature = job_and_signature(kernel, cfg, w, job["arch"], toolchain.fingerprint)
     if mine.key != job["key"]:
         why = "toolchain" if mine.kernel_fp == job["kernel_fp"] else "kernel source"
         raise CompileMismatchError(
@@ -62,8 +62,6 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
             f"(worker toolchain {toolchain.fingerprint[:12]}, kernel {mine.kernel_fp[:12]}; "
             f"planned kernel {job['kernel_fp'][:12]}); install the same cuda-tile/tileiras and "
             "sources on every worker")
-    from .signature import derive_signature
-    signature = derive_signature(kernel.kernel, kernel.kernel_args(cfg, w))
     start = time.perf_counter()
     result = compile_tile(kernel.kernel._annotated_function, (signature,), job["arch"],
                           kernel.compiler_options(cfg), _context(timeout_sec))

@@ -72,6 +72,12 @@ class Plan:
 def job_for(kernel: TunedKernel, cfg: Config, w: Workload, arch: str, toolchain_fp: str
             ) -> CompileJob:
     """The compile job (and key) of one config; the farm worker re-derives it to check."""
+    return job_and_signature(kernel, cfg, w, arch, toolchain_fp)[0]
+
+
+def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
+                      toolchain_fp: str) -> tuple[CompileJob, Any]:
+    """`job_for`, plus the `KernelSignature` it was keyed on (what a compile needs)."""
     try:
         signature = derive_signature(kernel.kernel, kernel.kernel_args(cfg, w))
         hints = kernel.resolved_hints(cfg, arch)
@@ -85,7 +91,7 @@ def job_for(kernel: TunedKernel, cfg: Config, w: Workload, arch: str, toolchain_
     return CompileJob(key=key, kernel=kernel.name, module=kernel.module,
                       kernel_fp=kernel.fingerprint, arch=str(arch), config=cfg.to_json(),
                       workload={n: spec_to_json(v) for n, v in w.items()},
-                      symbol=signature.symbol or "")
+                      symbol=signature.symbol or ""), signature
 
 
 def make_plan(kernels: Sequence[TunedKernel], archs: Sequence[Arch], toolchain_fp: str,
@@ -111,4 +117,5 @@ def make_plan(kernels: Sequence[TunedKernel], archs: Sequence[Arch], toolchain_f
     return plan
 
 
-__all__ = ["CompileJob", "Plan", "PlanEntry", "make_plan", "job_for", "DeclarationError"]
+__all__ = ["CompileJob", "Plan", "PlanEntry", "make_plan", "job_for", "job_and_signature",
+           "DeclarationError"]
