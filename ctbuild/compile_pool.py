@@ -7,7 +7,6 @@ the first one exists.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import os
 import sys
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -72,12 +71,10 @@ class CompilePool:
         if not self._toolchain_recorded:
             self._toolchain_recorded = True
             with contextlib.suppress(Exception):
-                from .toolchain import host_description, probe
+                from .toolchain import probe, record_in
                 tc = probe()
                 if tc.fingerprint not in self.store.toolchains():
-                    self.store.put_toolchain(tc.fingerprint, {
-                        **tc.profile, "host": host_description(),
-                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat()})
+                    record_in(self.store, tc)
         return True
 
     def arrivals(self, keys: Iterable[str]) -> Iterator[str]:

@@ -155,9 +155,14 @@ def fingerprint_of(profile: dict[str, Any]) -> str:
     return xxhash.xxh3_128_hexdigest(json.dumps(profile, sort_keys=True).encode())
 
 
-def host_description() -> dict[str, str]:
-    """Where the toolchain ran (informational, not part of the fingerprint)."""
-    return {"python": platform.python_version(), "machine": platform.machine()}
+def record_in(store: Any, toolchain: Toolchain) -> None:
+    """Record the toolchain's profile in a cache, with where and when (not fingerprinted):
+    serving nodes pick their keys' toolchain from these records, newest first on a tie."""
+    import datetime
+    store.put_toolchain(toolchain.fingerprint, {
+        **toolchain.profile,
+        "host": {"python": platform.python_version(), "machine": platform.machine()},
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat()})
 
 
 def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:

@@ -38,6 +38,8 @@ def test_examples_clean_then_incremental(tmp_path):
         hit = store.get_compile(rows[0]["key"])
         assert hit.cubin[:4] == b"\x7fELF" and hit.symbol
         assert hit.meta["arch"] == rows[0]["arch"] and hit.meta["kernel"] == rows[0]["kernel"]
+        profile = store.toolchains()[hit.meta["toolchain"]]  # what serving nodes select by
+        assert profile["cuda_tile"] == "1.7.0" and profile["created"]
         assert out["toolchain"] in store.toolchains()
 
     proc, second_s, again = precompile(*args)

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     dropped = [k for k in STRIPPED_ENV if os.environ.pop(k, None) is not None]
 
     from ..plan import make_plan
-    from ..toolchain import probe
+    from ..toolchain import probe, record_in
     project = project_from_args(args)
     kernels = project.kernels()
     try:
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from cache import CacheError, Store
     try:
         with Store(project.cache_dir, readonly=False) as store:
-            store.put_toolchain(toolchain.fingerprint, toolchain.profile)
+            record_in(store, toolchain)
     except (CacheError, OSError, ValueError) as exc:
         return fail(f"cache {project.cache_dir}: {exc}")
 
