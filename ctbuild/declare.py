@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import cuda.tile as ct
 
 from .arch import Arch
-from .fingerprint import kernel_fingerprint
+from .fingerprint import FingerprintError, kernel_fingerprint
 from .keys import key as default_key_fn, resolve_hints
 from .space import (HINT_NAMES, Config, Space, UnknownAxisError, as_space, call_constraint,
                     cap_configs)
@@ -116,7 +116,10 @@ class TunedKernel:
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = kernel_fingerprint(self.kernel)
+            try:
+                self._fingerprint = kernel_fingerprint(self.kernel)
+            except FingerprintError as exc:
+                raise self.error(str(exc)) from None
         return self._fingerprint
 
     # ---- workloads and configs ---------------------------------------------------------
