@@ -238,6 +238,22 @@ def _jsonable(value: Any) -> Any:
 
 
 _REGISTRY: dict[str, TunedKernel] = {}
+
+
+def _where(tuned: TunedKernel) -> str:
+    code = tuned.pyfunc.__code__
+    return f"{tuned.module}.{tuned.pyfunc.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _is_duplicate(existing: TunedKernel, new: TunedKernel) -> bool:
+    """Two declarations under one name: in two modules, or twice in one run of a module.
+    A module imported afresh (a new module object) re-declares its kernels: not a duplicate."""
+    if existing.module != new.module:
+        return True
+    if existing.pyfunc.__globals__ is not new.pyfunc.__globals__:
+        return False
+    old, cur = existing.pyfunc.__code__, new.pyfunc.__code__
+    return (old.co_filename, old.co_firstlineno) != (cur.co_filename, cur.co_firstlineno)
 _RUNTIME_LOCK = threading.Lock()
 
 
@@ -282,9 +298,9 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
                             default=default, workloads=workloads, restore=restore,
                             reset_to_zero=reset_to_zero, params=params, cap=cap, name=name)
         existing = _REGISTRY.get(tuned.name)
-        if existing is not None and existing.module != tuned.module:
-            raise tuned.error(f"another kernel named {tuned.name!r} is declared in "
-                              f"{existing.module}; pass name= to tell them apart")
+        if existing is not None and _is_duplicate(existing, tuned):
+            raise tuned.error(f"declared twice: at {_where(existing)} and at {_where(tuned)}; "
+                              "pass name= to tell them apart")
         _REGISTRY[tuned.name] = tuned
         return tuned
     return wrap

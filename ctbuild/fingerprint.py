@@ -112,13 +112,15 @@ class _Walk:
     def __init__(self) -> None:
         self.parts: dict[str, Any] = {}
         self.pending: list[types.FunctionType] = []
-        self.seen: set[int] = set()
+        self.names: dict[int, str] = {}
 
     def function_ref(self, func: types.FunctionType) -> str:
-        if id(func) not in self.seen:
-            self.seen.add(id(func))
+        """The function's name in the fingerprint: its discovery order and qualname, not its
+        module, which is where the file lives, not what it compiles to."""
+        if id(func) not in self.names:
+            self.names[id(func)] = f"fn{len(self.names)}:{func.__qualname__}"
             self.pending.append(func)
-        return f"fn:{func.__module__.rsplit('.', 1)[-1]}.{func.__qualname__}"
+        return self.names[id(func)]
 
     def value(self, value: Any, where: str) -> Any:
         """A JSON-able, address-free description of ``value`` (functions are followed)."""
@@ -163,9 +165,9 @@ class _Walk:
         local = _locals(func.__code__)
         freevars = func.__code__.co_freevars
         for i, default in enumerate(func.__defaults__ or ()):
-            self.parts[f"{name}:default{i}"] = self.value(default, f"a default of {name[3:]}")
+            self.parts[f"{name}:default{i}"] = self.value(default, f"a default of {func.__qualname__}")
         for arg, default in sorted((func.__kwdefaults__ or {}).items()):
-            self.parts[f"{name}:default:{arg}"] = self.value(default, f"{name[3:]}({arg}=)")
+            self.parts[f"{name}:default:{arg}"] = self.value(default, f"{func.__qualname__}({arg}=)")
         for chain in _reads(tree):
             head = chain[0]
             if head in freevars and func.__closure__:
