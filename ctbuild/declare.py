@@ -104,6 +104,7 @@ class TunedKernel:
         if default is not None and not callable(default):
             self._check_default(Config(default, self.name))
         self._fingerprint: str | None = None
+        self._constant_args: frozenset[str] | None = None
         self._runtime: Any = None
 
     # ---- naming and errors -------------------------------------------------------------
@@ -205,9 +206,31 @@ class TunedKernel:
     def resolved_hints(self, cfg: Config, arch: str) -> dict[str, Any]:
         return resolve_hints(self.compiler_options(cfg).hints_by_target(), arch)
 
+    def constant_args(self, w: Workload | None = None) -> frozenset[str]:
+        """The call arguments whose value is compiled in: bound to a ``ct.Constant`` parameter
+        by name, or passed to one by ``args=`` (``w.eps`` into ``EPS: ct.Constant[float]``).
+
+        With ``args=``, found once by evaluating it on the first declared workload (else on
+        ``w``) and matching each constant parameter's value to the call argument it is."""
+        if self._constant_args is not None:
+            return self._constant_args
+        names = {p for p in self.params if p in self._constant_params}
+        probe = self.workloads[0] if self.workloads else w
+        if self.args_fn is not None and probe is not None:
+            try:
+                values = self.kernel_args(self.default_config(probe), probe)
+            except Exception:  # the planner reports a bad args= with its context
+                return frozenset(names)
+            for param, value in zip(self.kernel_params, values):
+                if param in self._constant_params:
+                    names |= {n for n, arg in probe.items()
+                              if arg is value and isinstance(arg, (bool, int, float))}
+        self._constant_args = frozenset(names)
+        return self._constant_args
+
     def tuning_key(self, w: Workload) -> list:
         """JSON-able tuning key: the key function's value plus every constant argument."""
-        consts = [w.args[p] for p in self.params if p in self._constant_params]
+        consts = [w.args[p] for p in self.params if p in self.constant_args(w)]
         return [list(_jsonable(self.key_fn(w))), consts]
 
     # ---- launching (the runtime is imported on first use only) ----------------------------
