@@ -6,6 +6,7 @@ driver planned (another toolchain, env, or source version): that is an error, ne
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import tempfile
@@ -43,21 +44,28 @@ class TileIR:
     links_libraries: bool
 
 
+@functools.lru_cache(maxsize=1)
+def _bytecode_version() -> Any:
+    """The newest TileIR bytecode version tileiras takes (asks tileiras once per process)."""
+    from cuda.tile._compile import _get_max_supported_bytecode_version
+    with tempfile.TemporaryDirectory() as tmp:
+        return _get_max_supported_bytecode_version(tmp)
+
+
 def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
     """Run cuTile's front end (what ``compile_tile`` does before tileiras), anonymized.
 
     Debug info carries the kernel file's absolute path and line numbers; anonymizing it makes
     the bytecode, and so the CUBIN, the same from any checkout path, and makes the digest a
     check of the kernel fingerprint: equal fingerprints must give equal bytecode."""
-    from cuda.tile._compile import (_compiler_lock, _get_bytecode, _IrKeeper,
-                                    _get_max_supported_bytecode_version)
+    from cuda.tile._compile import _compiler_lock, _get_bytecode, _IrKeeper
     from cuda.tile._passes.ast2hir import HirMode, get_function_hir
     from .toolchain import compile_environment
 
     ann = kernel.kernel._annotated_function
     signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
-    with _compiler_lock, compile_environment(), tempfile.TemporaryDirectory() as tmp:
-        version = _get_max_supported_bytecode_version(tmp)
+    with _compiler_lock, compile_environment():
+        version = _bytecode_version()
         keeper = _IrKeeper(ann_func=ann,
                            func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
                            signatures=[signature], bytecode_version=version, sm_arch=arch,
