@@ -3,6 +3,10 @@
 The worker re-derives the job's compile key from its own view of the kernel source and the
 toolchain it finds. A mismatch means the worker would build something other than what the
 driver planned (another toolchain, env, or source version): that is an error, never a silent mix.
+
+The compile runs cuTile's front end itself (`tileir`) with debug info anonymized and hands that
+bytecode to tileiras: the CUBIN then holds no file path, and the bytecode's digest, recorded in
+the cache entry, lets ``ctbuild cache verify --identity`` check the kernel fingerprint.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import xxhash
 from .declare import registered
 from .specs import Workload, spec_from_json
 from .space import Config
+
 
 class CompileMismatchError(RuntimeError):
     """The worker's toolchain or kernel source differs from the driver's plan."""

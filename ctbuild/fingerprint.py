@@ -14,7 +14,6 @@ Nothing path-dependent goes in, so moving a checkout keeps every key.
 from __future__ import annotations
 
 import ast
-import builtins
 import enum
 import inspect
 import json
