@@ -260,6 +260,8 @@ def test_build_stage_in_docker_holds_the_planned_cache(docker: list[str], tmp_pa
         assert plan["jobs"] > 0 and plan["toolchain"] != "unprobed"
         assert stats["compile_entries"] == stats["blobs"] == plan["jobs"], (stats, plan)
         assert stats["toolchains"] == 1
+        # Ray's session directory (logs, unix sockets) stayed out of the image
+        assert in_image("sh", "-c", "ls -A /tmp").strip() == ""
         # the precompile step had a /dev/shm large enough for Ray's object store
         assert "is using /tmp instead of /dev/shm" not in log, "Ray's object store left /dev/shm"
     finally:
