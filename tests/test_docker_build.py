@@ -238,7 +238,9 @@ def test_build_stage_in_docker_holds_the_planned_cache(docker: list[str], tmp_pa
     tag = f"ctbuild-test-build:{uuid.uuid4().hex[:12]}"
     start = time.monotonic()
     # --pull=false and no registry route needed: the base is local, the frontend built in.
-    proc = _docker(docker, "build", "--progress=plain", "--pull=false", "--network=host",
+    # --no-cache: every step really runs (pip's cache mount still saves downloads).
+    proc = _docker(docker, "build", "--progress=plain", "--pull=false", "--no-cache",
+                   "--network=host",
                    "--target", "build", "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}",
                    "--build-arg", f"ARCHS={ARCHS}", "-f", "examples/Dockerfile", "-t", tag,
                    str(checkout))
