@@ -48,13 +48,15 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
     ``meta`` (kernel, arch, config...: what ``ctbuild cache ls/rm/export`` select on)."""
     from cuda.tile._compile import compile_tile
     from .plan import job_and_signature
+    from .signature_classes import Weakening
     from .toolchain import probe
 
     kernel = find_kernel(job["module"], job["kernel"])
     cfg = Config(job["config"], kernel.name)
     w = Workload({k: spec_from_json(v) for k, v in job["workload"].items()})
     toolchain = probe()
-    mine, signature = job_and_signature(kernel, cfg, w, job["arch"], toolchain.fingerprint)
+    mine, signature = job_and_signature(kernel, cfg, w, job["arch"], toolchain.fingerprint,
+                                        Weakening.from_json(job.get("weaken")))
     if mine.key != job["key"]:
         why = "toolchain" if mine.kernel_fp == job["kernel_fp"] else "kernel source"
         raise CompileMismatchError(
@@ -72,6 +74,7 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
         raise RuntimeError(f"{job['kernel']}: links cuTile library modules, which ctbuild "
                            "cannot serve from its cache yet")
     meta = {f: job[f] for f in ("kernel", "module", "kernel_fp", "arch", "config", "workload")}
+    meta["class"] = Weakening.from_json(job.get("weaken")).cls
     meta.update(toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4))
     return {"cubin": bytes(result.cubin), "symbol": result.kernel_signatures[0].symbol,
             "seconds": seconds, "toolchain": toolchain.fingerprint, "meta": meta}
