@@ -71,9 +71,12 @@ class Plan:
                 "arch": str(e.arch), "configs_total": e.total, "configs_pruned": e.pruned,
                 "configs": len(e.configs), "default": e.default.to_json(),
                 "jobs": len(set(e.job_keys))})
+        from .coverage import kernel_coverage
+        by_name = {e.kernel.name: e.kernel for e in self.entries}
         for k in kernels.values():
             k["jobs"] = len({key for e in self.entries if e.kernel.name == k["name"]
                              for key in e.job_keys})
+            k["coverage"] = kernel_coverage(self, by_name[k["name"]])
         return {"jobs": len(self.jobs), "toolchain": self.toolchain,
                 "kernels": list(kernels.values())}
 
