@@ -5,7 +5,6 @@ workloads."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -227,3 +226,34 @@ def test_recorded_workloads_are_discovered_for_tuning(cov, runtime_store,
     assert recorded_workloads(runtime_store, [k], "sm_100") == {}
     entries = entries_for([k], (), found)
     assert len(entries) == len(k.workloads) + 1 and entries[-1].workload == odd
+
+
+def test_jit_without_tileiras_is_a_counted_miss_not_a_compile(cov, runtime_store,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Where tileiras is absent, a JIT attempt raises CacheMissError (not FileNotFoundError)
+    and counts as a failure, never in ``jit_compiles``."""
+    import cuda.tile._compile as cc
+
+    from ctbuild import runtime
+    from ctbuild.compiler import _context
+    from ctbuild.miss_policy import CacheMissError
+    from ctbuild.served import STATS, ServedKernel
+    from ctbuild.signature import derive_signature
+    from ctbuild.specs import Tensor
+
+    def absent():
+        raise FileNotFoundError("'tileiras' compiler not found")
+
+    monkeypatch.setattr(cc, "_find_compiler_bin", absent)
+    ctx = runtime.configure(store=runtime_store, mode="default")
+    k = cov.dyn_add
+    cfg = k.default_config(k.workloads[0])
+    t = Tensor((4096,), "float16")
+    signature = derive_signature(k.kernel, k.kernel_args(cfg, k.bind(t, t, t)))
+    served = ServedKernel(k, cfg, ctx.source)
+    before = (STATS.jit_compiles, STATS.jit_failures)
+    with pytest.raises(CacheMissError, match="cannot be JIT-compiled"):
+        served.jit_compile(signature, _context(None), "sm_90")
+    assert (STATS.jit_compiles, STATS.jit_failures) == (before[0], before[1] + 1)
+    assert runtime.stats()["jit_compiles"] == before[0]
