@@ -59,11 +59,12 @@ def kernel_coverage(plan: Any, kernel: Any) -> dict[str, Any]:
         classes[c] = len(mine)
     return {
         "dynamic_dims": dims,
-        "buckets": sum(1 for e in entries if e.workload in kernel.buckets),
-        "static_workloads": sum(1 for e in entries if e.workload not in kernel.buckets),
+        "buckets": len({e.workload for e in entries if e.workload in kernel.buckets}),
+        "static_workloads": len({e.workload for e in entries
+                                 if e.workload not in kernel.buckets}),
         "classes": classes,
         "cubins": len(claimed),
-        "generic": classes["generic"] > 0 or any(e.class_keys.get("generic") for e in entries),
+        "generic": any(e.class_keys.get("generic") for e in entries),
         "uncoverable_constants": derived_constants(kernel),
     }
 
