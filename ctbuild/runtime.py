@@ -357,7 +357,9 @@ class KernelRuntime:
                 if tuned.dynamic_workloads else None
             keys = [tuned.tuning_key(w)]
             if bucket is not None:  # the bucket's record, unless this size was tuned itself
-                keys.append(tuned.tuning_key(bucket.representative))
+                rep_key = tuned.tuning_key(bucket.representative)
+                if rep_key != keys[0]:
+                    keys.append(rep_key)
             cfg, config_from, record_key, tk = self._winner(w, keys, arch, gpu, wl_json, stream,
                                                             dry)
             cover = self._cover(cfg, spec_w, arch)
