@@ -86,7 +86,7 @@ def make_project(tmp_path: Path, *, where: str = "", grid_axis: str = "TILE",
 def test_good_fixture_plans(tmp_path: Path) -> None:
     proc = run_cli("plan", "--config", str(make_project(tmp_path)), "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["jobs"] == 4
+    assert json.loads(proc.stdout)["jobs"] == 5  # 4 configs + the default config's generic CUBIN
 
 
 @pytest.mark.parametrize("kwargs,expected", [
