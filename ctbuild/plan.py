@@ -50,8 +50,8 @@ class PlanEntry:
     pruned: int
     configs: list[Config]
     default: Config
-    job_keys: list[str]
-    class_keys: dict[str, list[str]] = field(default_factory=dict)
+    job_keys: list[str]                 # every CUBIN of this entry, all classes
+    class_keys: dict[str, list[str]] = field(default_factory=dict)  # the same, by class
 
 
 @dataclass

@@ -346,9 +346,9 @@ class KernelRuntime:
                 device = self._device_for(w)
                 arch, dev_gpu = self.ctx.device_info(device)
                 gpu = gpu or dev_gpu
-                dev = self._device_facts(device)
+                dev = self._device_facts(device) if tuned._wants_device else None
             else:
-                dev = nominal_device(str(Arch(arch)))
+                dev = nominal_device(str(Arch(arch))) if tuned._wants_device else None
             arch = str(Arch(arch))
             gpu = gpu or "unknown GPU"
             spec_w = workload_spec(tuned, w)
@@ -396,6 +396,7 @@ class KernelRuntime:
                 "workload": res.workload_json}
 
     def _device_facts(self, device: int) -> DeviceInfo:
+        """What ``grid(cfg, w, dev)`` sees of a real GPU (queried once per device)."""
         facts = self._devices.get(device)
         if facts is None:
             facts = self._devices[device] = cuda_device(device)

@@ -115,7 +115,13 @@ class CubinSource:
         return None
 
     def lookup(self, tuned: Any, cfg: Config, signature: Any, arch: str
-               ) -> tuple[bytes, str, str] | None:
+               ) -> tuple[bytes, str] | None:
+        """(cubin, symbol) of the most specialised cached CUBIN serving this launch, or None."""
+        found = self.lookup_class(tuned, cfg, signature, arch)
+        return None if found is None else found[:2]
+
+    def lookup_class(self, tuned: Any, cfg: Config, signature: Any, arch: str
+                     ) -> tuple[bytes, str, str] | None:
         """(cubin, symbol, class) of the most specialised cached CUBIN serving this launch, or
         None. Never returns a corrupt or foreign one."""
         if self.toolchain_fp is None or self.store is None:
@@ -153,7 +159,7 @@ class ServedKernel(ct.kernel):
         from cuda.tile._cext import get_compute_capability
         major, minor = compute_capability or get_compute_capability()
         arch = f"sm_{major}{minor}"
-        found = self.source.lookup(self.tuned, self.config, signature, arch)
+        found = self.source.lookup_class(self.tuned, self.config, signature, arch)
         if found is not None:
             cubin, symbol, cls = found
             STATS.add(hits=1, **{cls: 1})

@@ -36,7 +36,8 @@ def test_jobs_equal_distinct_compile_keys(examples_on_path: Path) -> None:
     plan = make_plan(project.kernels(), parse_archs("sm_90,sm_100"), "fp")
     keys = [k for e in plan.entries for k in e.job_keys]
     assert len(plan.jobs) == len(set(keys))
-    assert all(len(e.configs) == len(e.job_keys) for e in plan.entries)
+    assert all(len(e.configs) == len(e.class_keys["exact"]) for e in plan.entries)
+    assert all(len(set(e.class_keys["generic"])) == 1 for e in plan.entries)  # the default's
 
 
 def test_cli_jobs_count_matches_python_plan(example_plan: dict, examples_on_path: Path) -> None:
