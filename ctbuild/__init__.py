@@ -10,11 +10,12 @@ then ``ctbuild precompile`` (CPU, container build), ``ctbuild tune`` (one GPU) a
 ``matmul(a, b, c)`` at run time. Importing this package imports neither Ray nor the farm.
 """
 from .arch import Arch
+from .dims import Dim
 from .declare import DeclarationError, TunedKernel, autotune, registered
 from .keys import key, pow2
 from .space import Config, Configs, Product, Zip
 from .specs import Scalar, Tensor, Workload
 
 __version__ = "0.1.0"
-__all__ = ["Arch", "Config", "Configs", "DeclarationError", "Product", "Scalar", "Tensor",
+__all__ = ["Arch", "Config", "Dim", "Configs", "DeclarationError", "Product", "Scalar", "Tensor",
            "TunedKernel", "Workload", "Zip", "autotune", "key", "pow2", "registered"]

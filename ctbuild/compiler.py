@@ -108,13 +108,15 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
     ``meta`` (kernel, arch, config...: what ``ctbuild cache ls/rm/export`` select on, and
     ``tileir``: the digest of the anonymized TileIR bytecode the CUBIN was built from)."""
     from .plan import job_and_signature
+    from .signature_classes import Weakening
     from .toolchain import probe
 
     kernel = find_kernel(job["module"], job["kernel"])
     cfg = Config(job["config"], kernel.name)
     w = Workload({k: spec_from_json(v) for k, v in job["workload"].items()})
     toolchain = probe()
-    mine, signature = job_and_signature(kernel, cfg, w, job["arch"], toolchain.fingerprint)
+    mine, signature = job_and_signature(kernel, cfg, w, job["arch"], toolchain.fingerprint,
+                                        Weakening.from_json(job.get("weaken")))
     if mine.key != job["key"]:
         why = "toolchain" if mine.kernel_fp == job["kernel_fp"] else "kernel source"
         raise CompileMismatchError(
@@ -133,6 +135,7 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
         raise RuntimeError(f"{job['kernel']} {cfg!r}: tileiras produced an empty CUBIN")
     meta = {f: job[f] for f in ("kernel", "module", "kernel_fp", "arch", "config", "workload")}
     meta.update(toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4),
-                tileir=ir.digest)
+                tileir=ir.digest, weaken=job.get("weaken"),
+                **{"class": Weakening.from_json(job.get("weaken")).cls})
     return {"cubin": cubin, "symbol": mine.symbol, "seconds": seconds,
             "toolchain": toolchain.fingerprint, "meta": meta}

@@ -15,9 +15,11 @@ from typing import Any
 
 from .arch import Arch, parse_archs
 from .declare import DEFAULT_CAP, TunedKernel, registered
+from .device_table import parse_devices
 
 DEFAULT_CACHE_DIR = ".ctbuild-cache"
-_KEYS = {"modules": list, "archs": list, "cache_dir": str, "cap": int, "paths": list}
+_KEYS = {"modules": list, "archs": list, "cache_dir": str, "cap": int, "paths": list,
+         "generic_fallback": bool, "devices": dict}
 
 
 class ConfigError(ValueError):
@@ -33,6 +35,8 @@ class Project:
     cache_dir: Path = Path(DEFAULT_CACHE_DIR)
     cap: int = DEFAULT_CAP
     paths: list[Path] = field(default_factory=list)
+    generic: bool = True            # build the generic fallback CUBINs (generic_fallback)
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)  # plan-time [devices]
 
     def kernels(self) -> list[TunedKernel]:
         """Import the configured modules and return the kernels they declare."""
@@ -86,7 +90,7 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | None = N
         for k, v in table.items():
             if k not in _KEYS:
                 raise ConfigError(f"{file}: unknown key {k!r}; known keys: {', '.join(_KEYS)}")
-            if not isinstance(v, _KEYS[k]) or isinstance(v, bool):
+            if not isinstance(v, _KEYS[k]) or (isinstance(v, bool) and _KEYS[k] is not bool):
                 raise ConfigError(f"{file}: {k!r} must be a {_KEYS[k].__name__}, got {v!r}")
     base = file.parent.resolve() if file else Path.cwd()
     project = Project(path=file)
@@ -96,6 +100,11 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | None = N
         project.archs = parse_archs(archs or table.get("archs") or ["sm_90"])
     except ValueError as exc:
         raise ConfigError(f"{project.where}: {exc}") from exc
+    project.generic = bool(table.get("generic_fallback", True))
+    try:
+        project.devices = parse_devices(table.get("devices", {}), project.where)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     project.cap = cap if cap is not None else int(table.get("cap", DEFAULT_CAP))
     if project.cap < 1:
         raise ConfigError(f"{project.where}: cap must be >= 1, got {project.cap}")

@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import cuda.tile as ct
 
 from .arch import Arch
+from .device_table import DeviceInfo, wants_device
+from .dims import expand_workloads
 from .fingerprint import FingerprintError, kernel_fingerprint
 from .keys import key as default_key_fn, resolve_hints
 from .space import (HINT_NAMES, Config, Space, UnknownAxisError, as_space, call_constraint,
@@ -100,7 +102,13 @@ class TunedKernel:
             if missing:
                 raise self.error(f"kernel parameter(s) {missing} are neither call arguments nor "
                                  "search-space axes; add them to the space or pass args=")
-        self.workloads = [self._check_workload(w) for w in workloads]
+        self.declared_workloads = [self._check_workload(w) for w in workloads]
+        try:
+            self.dynamic_workloads, self.workloads, self.buckets = expand_workloads(
+                self.declared_workloads)
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+        self._wants_device = wants_device(grid)
         if default is not None and not callable(default):
             self._check_default(Config(default, self.name))
         self._fingerprint: str | None = None
@@ -189,8 +197,14 @@ class TunedKernel:
             return tuple(self.args_fn(cfg, w))
         return tuple(w.args[p] if p in w.args else cfg[p] for p in self.kernel_params)
 
-    def grid(self, cfg: Config, w: Workload) -> tuple[int, ...]:
-        grid = self.grid_fn(cfg, w)
+    def grid(self, cfg: Config, w: Workload, dev: DeviceInfo | None = None) -> tuple[int, ...]:
+        """Block counts; a ``grid(cfg, w, dev)`` gets ``dev`` (the real or nominal device)."""
+        if self._wants_device:
+            if dev is None:
+                raise self.error("grid(cfg, w, dev) needs the device; none was given")
+            grid = self.grid_fn(cfg, w, dev)
+        else:
+            grid = self.grid_fn(cfg, w)
         return (grid,) if isinstance(grid, int) else tuple(grid)
 
     def hints(self, cfg: Config) -> dict[str, Any]:
@@ -250,6 +264,13 @@ class TunedKernel:
 
     def launch(self, stream: Any, *args: Any, **kwargs: Any) -> None:
         self.runtime.launch(stream, args, kwargs)
+
+    def explain(self, *args: Any, arch: str | None = None, gpu: str | None = None,
+                **kwargs: Any) -> dict[str, Any]:
+        """What a call would be served with, without launching it: ``config``, ``config_from``,
+        ``bucket``, ``cubin_class`` (exact / relaxed / generic / miss), ``compile_key``,
+        ``cached``... With ``arch`` given no GPU is needed (``Tensor`` specs work)."""
+        return self.runtime.explain(args, kwargs, arch=arch, gpu=gpu)
 
 
 def _jsonable(value: Any) -> Any:

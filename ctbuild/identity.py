@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from .compiler import tileir
 from .declare import TunedKernel
 from .plan import job_and_signature
+from .signature_classes import Weakening
 from .space import Config
 from .specs import Workload, spec_from_json
 
@@ -75,7 +76,8 @@ def verify_identity(kernels: Iterable[TunedKernel], entries: Iterable[tuple[str,
             continue
         cfg = Config(meta["config"], kernel.name)
         w = Workload({n: spec_from_json(v) for n, v in meta["workload"].items()})
-        job, signature = job_and_signature(kernel, cfg, w, meta["arch"], toolchain_fp)
+        job, signature = job_and_signature(kernel, cfg, w, meta["arch"], toolchain_fp,
+                                           Weakening.from_json(meta.get("weaken")))
         if job.key != key:  # same sources, another key: a config/hint the key derives anew
             report.stale += 1
             continue

@@ -57,7 +57,13 @@ def kernel_compile_key(tuned: Any, cfg: Any, signature: Any, arch: str, toolchai
 
 def kernel_record_key(tuned: Any, w: Any, arch: str, gpu: str, toolchain_fp: str) -> str:
     """Where the winner of a declared kernel for workload ``w`` on one GPU is recorded."""
-    return tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuned.tuning_key(w),
+    return record_key_for(tuned, tuned.tuning_key(w), arch, gpu, toolchain_fp)
+
+
+def record_key_for(tuned: Any, tuning_key: Any, arch: str, gpu: str, toolchain_fp: str) -> str:
+    """`kernel_record_key` for a tuning key already computed by ``tuned.tuning_key`` (the
+    runtime computes a call's key and its bucket's once and tries both)."""
+    return tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuning_key,
                              arch=str(arch), gpu=gpu, toolchain_fp=toolchain_fp)
 
 

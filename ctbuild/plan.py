@@ -6,12 +6,16 @@ differ only in a dimension the signature does not see) share one CUBIN.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .arch import Arch
 from .declare import DEFAULT_CAP, DeclarationError, TunedKernel
+from .device_table import nominal_device
+from .dims import dynamic_positions
 from .keys import kernel_compile_key
-from .signature import SignatureError, derive_signature
+from .signature import derive_signature
+from .signature_classes import (CLASSES, EXACT, EXACT_WEAKENING, GENERIC_WEAKENING, RELAXED,
+                                Weakening, param_dynamics, weaken)
 from .space import Config, UnknownAxisError
 from .specs import Workload, describe, spec_to_json
 
@@ -27,9 +31,14 @@ class CompileJob:
     config: dict[str, Any]
     workload: dict[str, Any]
     symbol: str
+    weaken: dict[str, Any] | None = None   # a signature class other than exact (see below)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @property
+    def cubin_class(self) -> str:
+        return Weakening.from_json(self.weaken).cls
 
 
 @dataclass
@@ -42,7 +51,8 @@ class PlanEntry:
     pruned: int
     configs: list[Config]
     default: Config
-    job_keys: list[str]
+    job_keys: list[str]                 # every CUBIN of this entry, all classes
+    class_keys: dict[str, list[str]] = field(default_factory=dict)  # the same, by class
 
 
 @dataclass
@@ -62,41 +72,66 @@ class Plan:
                 "arch": str(e.arch), "configs_total": e.total, "configs_pruned": e.pruned,
                 "configs": len(e.configs), "default": e.default.to_json(),
                 "jobs": len(set(e.job_keys))})
+        from .coverage import kernel_coverage
+        by_name = {e.kernel.name: e.kernel for e in self.entries}
         for k in kernels.values():
             k["jobs"] = len({key for e in self.entries if e.kernel.name == k["name"]
                              for key in e.job_keys})
+            k["coverage"] = kernel_coverage(self, by_name[k["name"]])
         return {"jobs": len(self.jobs), "toolchain": self.toolchain,
                 "kernels": list(kernels.values())}
 
 
-def job_for(kernel: TunedKernel, cfg: Config, w: Workload, arch: str, toolchain_fp: str
-            ) -> CompileJob:
+def job_for(kernel: TunedKernel, cfg: Config, w: Workload, arch: str, toolchain_fp: str,
+            weakening: Weakening = EXACT_WEAKENING) -> CompileJob:
     """The compile job (and key) of one config; the farm worker re-derives it to check."""
-    return job_and_signature(kernel, cfg, w, arch, toolchain_fp)[0]
+    return job_and_signature(kernel, cfg, w, arch, toolchain_fp, weakening)[0]
 
 
 def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
-                      toolchain_fp: str) -> tuple[CompileJob, Any]:
-    """`job_for`, plus the `KernelSignature` it was keyed on (what a compile needs)."""
+                      toolchain_fp: str, weakening: Weakening = EXACT_WEAKENING,
+                      devices: Mapping[str, Any] | None = None) -> tuple[CompileJob, Any]:
+    """`job_for`, plus the `KernelSignature` it was keyed on (what a compile needs): the
+    workload's own signature, or the one ``weakening`` derives from it (a signature class)."""
     try:
-        signature = derive_signature(kernel.kernel, kernel.kernel_args(cfg, w))
+        kernel_args = kernel.kernel_args(cfg, w)
+        signature = weaken(derive_signature(kernel.kernel, kernel_args), weakening,
+                           kernel.pyfunc.__name__)
         kernel.resolved_hints(cfg, arch)
-        kernel.grid(cfg, w)
+        kernel.grid(cfg, w, nominal_device(arch, devices))
     except UnknownAxisError as exc:
         raise kernel.error(str(exc).split(": ", 1)[-1]) from None
-    except (SignatureError, TypeError, ValueError) as exc:
-        raise kernel.error(f"config {cfg!r} on {describe(w)}: {exc}") from None
+    except DeclarationError:
+        raise
+    except Exception as exc:  # grid/args are user code: any error is a declaration problem
+        raise kernel.error(f"config {cfg!r} on {describe(w)}: {type(exc).__name__}: {exc}"
+                           ) from None
     key = kernel_compile_key(kernel, cfg, signature, arch, toolchain_fp)
     return CompileJob(key=key, kernel=kernel.name, module=kernel.module,
                       kernel_fp=kernel.fingerprint, arch=str(arch), config=cfg.to_json(),
                       workload={n: spec_to_json(v) for n, v in w.items()},
-                      symbol=signature.symbol or ""), signature
+                      symbol=signature.symbol or "",
+                      weaken=None if weakening.cls == EXACT else weakening.to_json()), signature
+
+
+def relaxed_weakening(kernel: TunedKernel, cfg: Config, w: Workload) -> Weakening | None:
+    """The relaxed class of a bucket's representative workload (None for a static one)."""
+    bucket = kernel.buckets.get(w)
+    if bucket is None:
+        return None
+    return Weakening(RELAXED, param_dynamics(kernel.kernel_args(cfg, w), w,
+                                             dynamic_positions(bucket.declared)))
 
 
 def make_plan(kernels: Sequence[TunedKernel], archs: Sequence[Arch], toolchain_fp: str,
               cap: int = DEFAULT_CAP,
-              extra_workloads: dict[str, list[Workload]] | None = None) -> Plan:
-    """Enumerate and prune every space; raise `DeclarationError` naming the first problem."""
+              extra_workloads: dict[str, list[Workload]] | None = None, *,
+              generic: bool = True, devices: Mapping[str, Any] | None = None) -> Plan:
+    """Enumerate and prune every space; raise `DeclarationError` naming the first problem.
+
+    Per kernel x workload x arch x kept config: the exact CUBIN, and for a bucket of a dynamic
+    workload the relaxed one; per workload the generic CUBIN of its default config (unless
+    ``generic=False``). Jobs are deduplicated by compile key."""
     plan = Plan(toolchain=toolchain_fp)
     for kernel in kernels:
         workloads = list(kernel.workloads) + list((extra_workloads or {}).get(kernel.name, []))
@@ -106,13 +141,24 @@ def make_plan(kernels: Sequence[TunedKernel], archs: Sequence[Arch], toolchain_f
         for w in workloads:
             for arch in archs:
                 cands = kernel.candidates(w, arch, cap)
-                keys = []
-                for cfg in cands.kept:
-                    job = job_for(kernel, cfg, w, arch, toolchain_fp)
+                by_class: dict[str, list[str]] = {c: [] for c in CLASSES}
+
+                def add(cfg: Config, weakening: Weakening) -> None:
+                    job = job_and_signature(kernel, cfg, w, arch, toolchain_fp, weakening,
+                                            devices)[0]
                     plan.jobs.setdefault(job.key, job)
-                    keys.append(job.key)
+                    by_class[weakening.cls].append(job.key)
+
+                for cfg in cands.kept:
+                    add(cfg, EXACT_WEAKENING)
+                    relaxed = relaxed_weakening(kernel, cfg, w)
+                    if relaxed is not None:
+                        add(cfg, relaxed)
+                if generic:
+                    add(cands.default, GENERIC_WEAKENING)
+                keys = [k for c in CLASSES for k in by_class[c]]
                 plan.entries.append(PlanEntry(kernel, w, arch, cands.total, len(cands.pruned),
-                                              cands.kept, cands.default, keys))
+                                              cands.kept, cands.default, keys, by_class))
     return plan
 
 

@@ -29,13 +29,15 @@ from typing import Any
 import cuda.tile as ct
 
 from .arch import Arch
-from .keys import kernel_record_key
+from .keys import record_key_for
 from .live_args import device_of, make_key_fn, workload_spec
 from .miss_policy import (CacheMissError, RuntimeConfigError, cubin_miss_message,
                           tuning_miss_message, workload_json)
 from .runtime_context import (RuntimeContext, _Pending, configure, context, reset,
                               stats)
-from .served import ServedKernel, check_cutile
+from .device_table import DeviceInfo, cuda_device, nominal_device
+from .dims import find_bucket
+from .served import LAST_SERVED, ServedKernel, check_cutile
 from .signature import derive_signature
 from .space import Config
 from .specs import Workload
@@ -48,9 +50,12 @@ __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError
            "RuntimeConfigError", "configure", "context", "reset", "stats"]
 
 #: Where a launch's config came from -> the provenance label (unless its CUBIN was JIT-compiled).
+#: ``fallback``: the winner had no CUBIN covering the call, the default config's generic one did.
 ORIGIN_OF_CONFIG = {"cache": "cache", "memory": "cache", "default": "default",
-                    "disabled": "default", "online": "tuned"}
+                    "disabled": "default", "online": "tuned", "fallback": "default"}
 ORIGINS = ("cache", "default", "tuned", "jit")
+#: What served a launch's CUBIN: a signature class of the cache, or a compile (``miss``).
+CUBIN_CLASSES = ("exact", "relaxed", "generic", "miss")
 #: Drop the hot-path memo of a kernel when it grows past this (e.g. a scalar that varies).
 MAX_FAST_ENTRIES = 4096
 
@@ -64,8 +69,10 @@ class KernelCallError(RuntimeError):
 class Resolved:
     """What one call resolves to (the slow path's result; also usable without a GPU)."""
     config: Config
-    config_from: str            # cache | memory | default | disabled | online
+    config_from: str            # cache | memory | default | disabled | online | fallback
     cubin_from: str             # cache | jit (expected; corrected if the launch JIT-compiles)
+    cubin_class: str            # exact | relaxed | generic | miss (expected, like cubin_from)
+    bucket: dict[str, int] | None
     arch: str
     gpu: str
     device: int
@@ -176,6 +183,7 @@ class KernelRuntime:
         self._multi_gpu = _visible_gpus() != 1
         self._key: Any = _no_key
         self._space: list[Config] | None = None
+        self._devices: dict[int, DeviceInfo] = {}
 
     def __repr__(self) -> str:
         return f"<KernelRuntime {self.name} mode={self.ctx.mode} entries={len(self._entries)}>"
@@ -264,6 +272,7 @@ class KernelRuntime:
             pending = _Pending(res.workload_json, cubin_from=res.cubin_from,
                                cubin_miss_noted=res.cubin_from == "jit")
             self.ctx.pending = pending
+            LAST_SERVED.cls = None
             try:
                 if self._zero_idx:
                     self._zero(stream, args, self._zero_idx)
@@ -272,11 +281,17 @@ class KernelRuntime:
                 self._reraise(exc)
             finally:
                 self.ctx.pending = None
+            served_class = getattr(LAST_SERVED, "cls", None) or res.cubin_class
+            if pending.cubin_from == "jit" or served_class == "jit":
+                served_class = "miss"
+            if served_class in ("relaxed", "generic"):  # the next build can add the exact class
+                self.ctx.misses.write_record(self.name, res.workload_json, res.arch)
             tail, recipe = _recipe(args, res.kernel_args)
             info = {"tuning_key": res.tuning_key, "arch": res.arch, "gpu": res.gpu,
                     "device": res.device, "config": res.config.to_json(),
                     "config_obj": res.config, "config_from": res.config_from,
-                    "cubin_from": pending.cubin_from, "compile_key": res.compile_key,
+                    "cubin_from": pending.cubin_from, "cubin_class": served_class,
+                    "bucket": res.bucket, "compile_key": res.compile_key,
                     "workload": res.workload_json, "created": time.time()}
             entry = _Entry(res.grid, res.served, tail, recipe, res.device, self._zero_idx, info)
             entry.calls = 1
@@ -315,11 +330,14 @@ class KernelRuntime:
                 args[i].zero_()
 
     def resolve(self, args: tuple, kwargs: dict | None = None, *, stream: Any = None,
-                arch: str | None = None, gpu: str | None = None, device: int = 0) -> Resolved:
+                arch: str | None = None, gpu: str | None = None, device: int = 0,
+                dry: bool = False) -> Resolved:
         """Resolve a call without launching it: the winner, the served kernel, grid, args.
 
-        With ``arch`` (and ``gpu``) given, no CUDA device is consulted — this is how CPU tests
-        check key computation, strict-mode errors and miss records on host tensors or specs.
+        With ``arch`` (and ``gpu``) given, no CUDA device is consulted (the grid sees the
+        arch's nominal device) — this is how CPU tests and `explain` check key computation,
+        CUBIN classes, strict-mode errors and miss records on host tensors or specs. ``dry``:
+        count nothing, record nothing, raise no miss, tune nothing (`explain`).
         """
         tuned = self.tuned
         with self._lock:
@@ -328,18 +346,61 @@ class KernelRuntime:
                 device = self._device_for(w)
                 arch, dev_gpu = self.ctx.device_info(device)
                 gpu = gpu or dev_gpu
+                dev = self._device_facts(device) if tuned._wants_device else None
+            else:
+                dev = nominal_device(str(Arch(arch))) if tuned._wants_device else None
             arch = str(Arch(arch))
             gpu = gpu or "unknown GPU"
             spec_w = workload_spec(tuned, w)
             wl_json = workload_json(spec_w)
-            tk = tuned.tuning_key(w)
-            cfg, config_from, record_key = self._winner(w, tk, arch, gpu, wl_json, stream)
+            bucket = find_bucket(tuned.dynamic_workloads, spec_w) \
+                if tuned.dynamic_workloads else None
+            keys = [tuned.tuning_key(w)]
+            if bucket is not None:  # the bucket's record, unless this size was tuned itself
+                rep_key = tuned.tuning_key(bucket.representative)
+                if rep_key != keys[0]:
+                    keys.append(rep_key)
+            cfg, config_from, record_key, tk = self._winner(w, keys, arch, gpu, wl_json, stream,
+                                                            dry)
+            cover = self._cover(cfg, spec_w, arch)
+            default = tuned.default_config(w)
+            if cover[1] is None and cfg != default:
+                fallback = self._cover(default, spec_w, arch)
+                if fallback[1] is not None:
+                    cfg, config_from, cover = default, "fallback", fallback
+            compile_key, cubin_class = cover
+            cubin_from = "cache"
+            if cubin_class is None:
+                cubin_class, cubin_from = "miss", "jit"
+                if not dry and compile_key is not None:
+                    self._cubin_miss(cfg, compile_key, arch, wl_json)
             served = self.served_kernel(cfg)
-            grid = tuned.grid(cfg, w)
+            grid = tuned.grid(cfg, w, dev)
             kernel_args = tuned.kernel_args(cfg, w)
-            compile_key, cubin_from = self._cubin_check(cfg, spec_w, arch, wl_json)
-            return Resolved(cfg, config_from, cubin_from, arch, gpu, device, tk, record_key,
-                            compile_key, grid, kernel_args, served, w, wl_json)
+            return Resolved(cfg, config_from, cubin_from, cubin_class,
+                            bucket.to_json() if bucket is not None else None, arch, gpu, device,
+                            tk, record_key, compile_key, grid, kernel_args, served, w, wl_json)
+
+    def explain(self, args: tuple, kwargs: dict | None = None, *, arch: str | None = None,
+                gpu: str | None = None) -> dict[str, Any]:
+        """`TunedKernel.explain`: what `resolve` decides for a call, as a dict, launching
+        nothing, counting and recording nothing."""
+        res = self.resolve(args, kwargs, arch=arch, gpu=gpu, dry=True)
+        return {"kernel": self.name, "config": res.config.to_json(),
+                "config_from": {"memory": "record", "cache": "record"}.get(
+                    res.config_from, res.config_from),
+                "bucket": res.bucket, "cubin_class": res.cubin_class,
+                "compile_key": res.compile_key, "cached": res.cubin_class != "miss",
+                "tuning_key": res.tuning_key, "record_key": res.record_key, "arch": res.arch,
+                "gpu": res.gpu, "grid": list(res.grid), "mode": self.ctx.mode,
+                "workload": res.workload_json}
+
+    def _device_facts(self, device: int) -> DeviceInfo:
+        """What ``grid(cfg, w, dev)`` sees of a real GPU (queried once per device)."""
+        facts = self._devices.get(device)
+        if facts is None:
+            facts = self._devices[device] = cuda_device(device)
+        return facts
 
     def _device_for(self, w: Workload) -> int:
         devices = {}
@@ -378,56 +439,71 @@ class KernelRuntime:
             self._space = [Config(c) for c in self.tuned.space.enumerate()]
         return cfg in self._space
 
-    def _winner(self, w: Workload, tk: list, arch: str, gpu: str, wl_json: dict,
-                stream: Any) -> tuple[Config, str, str | None]:
+    def _winner(self, w: Workload, keys: list[list], arch: str, gpu: str, wl_json: dict,
+                stream: Any, dry: bool = False) -> tuple[Config, str, str | None, list]:
+        """(config, where it came from, record key, tuning key): the first of ``keys`` (the
+        call's own tuning key, then its bucket's) with a record, else the miss policy. A
+        tuning miss in strict mode is counted, not raised: the default config serves when a
+        cached CUBIN covers the call (`resolve` raises when none does)."""
         tuned, ctx = self.tuned, self.ctx
         if ctx.settings.disable_autotune:
-            return tuned.default_config(w), "disabled", None
-        memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
-        known = self._winners.get(memo_key)
+            return tuned.default_config(w), "disabled", None, keys[-1]
         record_key = None
-        if ctx.toolchain_fp is not None:
-            record_key = kernel_record_key(tuned, w, arch, gpu, ctx.toolchain_fp)
-        if known is not None:
-            return known[0], known[1] if known[1] != "cache" else "memory", record_key
-        record = ctx.store.get_tuning(record_key) if (
-            record_key is not None and ctx.store is not None) else None
-        if record is not None:
-            cfg = Config(record.get("config") or {}, tuned.name)
-            if self._in_space(cfg):
-                self._winners[memo_key] = (cfg, "cache")
-                return cfg, "cache", record_key
-            log.warning("ctbuild: kernel %r: tuning record %s names config %s, which is not in "
-                        "the declared search space (stale record?); treated as a miss",
-                        tuned.name, record_key, record.get("config"))
+        for tk in keys:
+            memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
+            known = self._winners.get(memo_key)
+            record_key = None
+            if ctx.toolchain_fp is not None:
+                record_key = record_key_for(tuned, tk, arch, gpu, ctx.toolchain_fp)
+            if known is not None:
+                return known[0], known[1] if known[1] != "cache" else "memory", record_key, tk
+            record = ctx.store.get_tuning(record_key) if (
+                record_key is not None and ctx.store is not None) else None
+            if record is not None:
+                cfg = Config(record.get("config") or {}, tuned.name)
+                if self._in_space(cfg):
+                    if not dry:
+                        self._winners[memo_key] = (cfg, "cache")
+                    return cfg, "cache", record_key, tk
+                log.warning("ctbuild: kernel %r: tuning record %s names config %s, which is not "
+                            "in the declared search space (stale record?); treated as a miss",
+                            tuned.name, record_key, record.get("config"))
+        tk = keys[-1]
+        memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
+        if dry:
+            return tuned.default_config(w), "default", record_key, tk
         message = tuning_miss_message(
             kernel=tuned.name, module=tuned.module, tuning_key=tk, arch=arch, gpu=gpu,
             key=record_key or "(none: no toolchain)", toolchain_fp=ctx.toolchain_fp,
             cache_dir=ctx.cache_dir, workload=wl_json)
         self.note_miss("tuning", record_key or json.dumps(tk), message, wl_json, arch)
-        if ctx.mode == "strict":
-            raise CacheMissError(message, kernel=tuned.name, what="tuning",
-                                 key=record_key or "", arch=arch)
         if ctx.mode == "tune":
             cfg = self._tune_online(w, tk, arch, gpu, record_key, stream)
             self._winners[memo_key] = (cfg, "online")
-            return cfg, "online", record_key
+            return cfg, "online", record_key, tk
         cfg = tuned.default_config(w)
         self._winners[memo_key] = (cfg, "default")
-        return cfg, "default", record_key
+        return cfg, "default", record_key, tk
 
-    def _cubin_check(self, cfg: Config, spec_w: Workload, arch: str, wl_json: dict
-                     ) -> tuple[str | None, str]:
-        """The compile key of this call and whether the cache holds its CUBIN."""
+    def _cover(self, cfg: Config, spec_w: Workload, arch: str) -> tuple[str | None, str | None]:
+        """(compile key, class) of the most specialised cached CUBIN serving this call with
+        this config, or (the exact compile key, None) when none does -- the same lattice
+        `ServedKernel._compile` walks inside the launch. (None, "exact") when the signature
+        cannot be derived up front: the dispatcher will judge."""
         tuned, ctx = self.tuned, self.ctx
         try:
             signature = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w))
         except Exception as exc:  # the dispatcher will judge; ServedKernel handles a miss
             log.debug("ctbuild: %s: cannot derive the signature up front: %s", tuned.name, exc)
-            return None, "cache"
-        key = ctx.source.key_for(tuned, cfg, signature, arch)
-        if ctx.store is not None and ctx.toolchain_fp is not None and ctx.store.has_compile(key):
-            return key, "cache"
+            return None, "exact"
+        found = ctx.source.covering(tuned, cfg, signature, arch)
+        if found is not None:
+            return found[1], found[0]
+        return ctx.source.key_for(tuned, cfg, signature, arch), None
+
+    def _cubin_miss(self, cfg: Config, key: str, arch: str, wl_json: dict) -> None:
+        """No cached CUBIN covers the call: count and record it; strict mode raises."""
+        tuned, ctx = self.tuned, self.ctx
         message = cubin_miss_message(kernel=tuned.name, module=tuned.module,
                                      config=cfg.to_json(), arch=arch, key=key,
                                      toolchain_fp=ctx.toolchain_fp, cache_dir=ctx.cache_dir,
@@ -435,7 +511,6 @@ class KernelRuntime:
         self.note_miss("cubin", key, message, wl_json, arch)
         if ctx.mode == "strict":
             raise CacheMissError(message, kernel=tuned.name, what="cubin", key=key, arch=arch)
-        return key, "jit"
 
     def note_miss(self, what: str, key: str, message: str, wl_json: dict | None,
                   arch: str) -> None:
@@ -501,15 +576,18 @@ class KernelRuntime:
     def provenance(self) -> dict[str, Any]:
         """Where this kernel's launches came from: counts by origin and per resolved call."""
         origins: Counter = Counter({o: 0 for o in ORIGINS})
+        classes: Counter = Counter({c: 0 for c in CUBIN_CLASSES})
         rows = []
         for e in list(self._entries):
             info = e.info
             origin = "jit" if info["cubin_from"] == "jit" else ORIGIN_OF_CONFIG.get(
                 info["config_from"], info["config_from"])
             origins[origin] += e.calls
+            classes[info["cubin_class"]] += e.calls
             rows.append({"origin": origin, "launches": e.calls,
                          **{k: v for k, v in info.items() if k != "config_obj"}})
         return {"kernel": self.name, "mode": self.ctx.mode,
                 "launches": sum(origins.values()), "origins": dict(origins),
+                "classes": dict(classes),
                 "misses": self.ctx.misses.total(self.name), "served_kernels": len(self._served),
                 "entries": rows}

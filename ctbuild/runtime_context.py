@@ -189,9 +189,12 @@ def _install(ctx: RuntimeContext | None) -> Any:
 
 
 def stats() -> dict[str, Any]:
-    """Process-wide counters: served CUBIN hits/misses, JIT compiles, misses by kind."""
+    """Process-wide counters: served CUBIN hits (by signature class) and misses, JIT compiles
+    (and failed attempts), misses by kind."""
     ctx = _CONTEXT
     return {"cubin_hits": STATS.hits, "cubin_misses": STATS.misses,
-            "jit_compiles": STATS.jit_compiles,
+            "jit_compiles": STATS.jit_compiles, "jit_failures": STATS.jit_failures,
+            "cubin_classes": {"exact": STATS.exact, "relaxed": STATS.relaxed,
+                              "generic": STATS.generic},
             "misses": ctx.misses.total() if ctx else {},
             "writebacks": ctx.writebacks if ctx else 0}

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import cuda.tile as ct
 
 from .keys import kernel_compile_key
+from .signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weaken
 from .space import Config
 
 log = logging.getLogger("ctbuild")
@@ -47,10 +48,16 @@ check_cutile()
 
 @dataclass
 class ServeStats:
-    """What the served kernels of one process did (thread-safe counters)."""
+    """What the served kernels of one process did (thread-safe counters). ``jit_compiles``
+    counts CUBINs tileiras produced; attempts that failed count in ``jit_failures``;
+    ``exact``/``relaxed``/``generic`` count cache hits by signature class."""
     hits: int = 0
     misses: int = 0
     jit_compiles: int = 0
+    jit_failures: int = 0
+    exact: int = 0
+    relaxed: int = 0
+    generic: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **counts: int) -> None:
@@ -59,8 +66,12 @@ class ServeStats:
                 setattr(self, name, getattr(self, name) + n)
 
 
-#: Process-wide counters; ``jit_compiles`` counts every tileiras run a served kernel caused.
+#: Process-wide counters of served kernels.
 STATS = ServeStats()
+
+#: Per thread: the signature class the last `ServedKernel._compile` served (the runtime reads
+#: it after a first launch to tell what the dispatcher really loaded).
+LAST_SERVED = threading.local()
 
 #: Called on a CUBIN miss with (served kernel, signature, context, arch); returns
 #: (cubin, symbol) to launch, or raises. The runtime's miss policy plugs in here.
@@ -75,22 +86,55 @@ class CubinSource:
     on_miss: MissHandler | None = None
 
     def key_for(self, tuned: Any, cfg: Config, signature: Any, arch: str) -> str:
-        return kernel_compile_key(tuned, cfg, signature, arch, self.toolchain_fp or "")
+        """The compile key of the exact CUBIN for ``signature``."""
+        return kernel_compile_key(tuned, cfg, weaken(signature, EXACT_WEAKENING,
+                                                     tuned.pyfunc.__name__),
+                                  arch, self.toolchain_fp or "")
+
+    def candidates(self, tuned: Any, cfg: Config, signature: Any, arch: str
+                   ) -> list[tuple[Weakening, Any, str]]:
+        """(weakening, weakened signature, compile key) to try for a call, most specialised
+        first: exact, relaxed under each declared dynamic pattern, generic."""
+        name = tuned.pyfunc.__name__
+        out = []
+        for weakening in lattice(dynamic_patterns(tuned, cfg)):
+            sig = weaken(signature, weakening, name)
+            out.append((weakening, sig, kernel_compile_key(tuned, cfg, sig, arch,
+                                                           self.toolchain_fp or "")))
+        return out
+
+    def covering(self, tuned: Any, cfg: Config, signature: Any, arch: str
+                 ) -> tuple[str, str] | None:
+        """(class, compile key) of the most specialised cached CUBIN serving this call."""
+        if self.toolchain_fp is None or self.store is None:
+            return None
+        for weakening, _, key in self.candidates(tuned, cfg, signature, arch):
+            if self.store.has_compile(key):
+                return weakening.cls, key
+        return None
 
     def lookup(self, tuned: Any, cfg: Config, signature: Any, arch: str
                ) -> tuple[bytes, str] | None:
-        """The cached CUBIN for this launch, or None. Never returns a corrupt or foreign one."""
-        if self.toolchain_fp is None:
+        """(cubin, symbol) of the most specialised cached CUBIN serving this launch, or None."""
+        found = self.lookup_class(tuned, cfg, signature, arch)
+        return None if found is None else found[:2]
+
+    def lookup_class(self, tuned: Any, cfg: Config, signature: Any, arch: str
+                     ) -> tuple[bytes, str, str] | None:
+        """(cubin, symbol, class) of the most specialised cached CUBIN serving this launch, or
+        None. Never returns a corrupt or foreign one."""
+        if self.toolchain_fp is None or self.store is None:
             return None
-        hit = self.store.get_compile(self.key_for(tuned, cfg, signature, arch))
-        if hit is None:
-            return None
-        expected = signature.with_mangled_symbol(tuned.pyfunc.__name__).symbol
-        if hit.symbol != expected:
-            log.warning("%s: cached symbol %s differs from %s; treating as a miss",
-                        tuned.name, hit.symbol, expected)
-            return None
-        return hit.cubin, hit.symbol
+        for weakening, sig, key in self.candidates(tuned, cfg, signature, arch):
+            hit = self.store.get_compile(key)
+            if hit is None:
+                continue
+            if hit.symbol != sig.symbol:
+                log.warning("%s: cached symbol %s differs from %s; treating as a miss",
+                            tuned.name, hit.symbol, sig.symbol)
+                continue
+            return hit.cubin, hit.symbol, weakening.cls
+        return None
 
 
 class ServedKernel(ct.kernel):
@@ -114,12 +158,14 @@ class ServedKernel(ct.kernel):
         from cuda.tile._cext import get_compute_capability
         major, minor = compute_capability or get_compute_capability()
         arch = f"sm_{major}{minor}"
-        found = self.source.lookup(self.tuned, self.config, signature, arch)
+        found = self.source.lookup_class(self.tuned, self.config, signature, arch)
         if found is not None:
-            STATS.add(hits=1)
-            cubin, symbol = found
+            cubin, symbol, cls = found
+            STATS.add(hits=1, **{cls: 1})
+            LAST_SERVED.cls = cls
             return cubin, symbol, None, ()
         STATS.add(misses=1)
+        LAST_SERVED.cls = "jit"
         if self.source.on_miss is None:
             raise LookupError(
                 f"kernel {self.tuned.name!r} config {self.config!r}: no CUBIN in the cache for "
@@ -130,8 +176,22 @@ class ServedKernel(ct.kernel):
     def jit_compile(self, signature: Any, context: Any, arch: str) -> tuple[bytes, str]:
         """Compile with cuTile's own path (tileiras); counted in ``STATS.jit_compiles``."""
         major, minor = int(arch[3:-1]), int(arch[-1])
+        try:
+            cubin, symbol, _, lifecycle = ct.kernel._compile(self, signature, context,
+                                                             (major, minor))
+        except FileNotFoundError as exc:  # a serving image without tileiras
+            STATS.add(jit_failures=1)
+            from .miss_policy import CacheMissError
+            raise CacheMissError(
+                f"ctbuild: kernel {self.tuned.name!r} config {self.config.to_json()} on {arch}: "
+                f"no cached CUBIN covers this call and it cannot be JIT-compiled here ({exc}); "
+                "add the workload to workloads=[...] (or record misses with CTBUILD_RECORD and "
+                "use `ctbuild precompile --from-record`) and rebuild the cache",
+                kernel=self.tuned.name, what="cubin", key="", arch=arch) from None
+        except BaseException:
+            STATS.add(jit_failures=1)
+            raise
         STATS.add(jit_compiles=1)
-        cubin, symbol, _, lifecycle = ct.kernel._compile(self, signature, context, (major, minor))
         if lifecycle:
             raise RuntimeError(f"kernel {self.tuned.name!r} links cuTile library modules, "
                                "which ctbuild cannot serve from its cache yet")

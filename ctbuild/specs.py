@@ -38,6 +38,11 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+def _is_dim(value: Any) -> bool:
+    """A `ctbuild.Dim` shape entry (tested by marker: dims.py builds on this module)."""
+    return getattr(value, "_ctbuild_dim", False) is True
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """C-order strides, in elements, as torch gives a fresh tensor (size-1 dims included)."""
     strides, acc = [], 1
@@ -60,18 +65,23 @@ class Tensor:
     align: int = 256
 
     def __post_init__(self) -> None:
-        shape = tuple(int(d) for d in self.shape)
-        if any(d < 0 for d in shape):
+        shape = tuple(d if _is_dim(d) else int(d) for d in self.shape)
+        if any(not _is_dim(d) and d < 0 for d in shape):
             raise ValueError(f"Tensor shape {shape} has a negative dimension")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        if self.align <= 0:
+            raise ValueError(f"Tensor align must be a positive byte count, got {self.align}")
+        if any(_is_dim(d) for d in shape):  # a dynamic tensor: contiguous, strides per size
+            if self.strides is not None:
+                raise ValueError(f"Tensor {shape}: a tensor with a Dim is contiguous; strides= "
+                                 "cannot be given (declare such views as fixed shapes)")
+            return
         strides = contiguous_strides(shape) if self.strides is None else tuple(
             int(s) for s in self.strides)
         if len(strides) != len(shape):
             raise ValueError(f"Tensor strides {strides} do not match shape {shape}")
         object.__setattr__(self, "strides", strides)
-        if self.align <= 0:
-            raise ValueError(f"Tensor align must be a positive byte count, got {self.align}")
 
     @property
     def ndim(self) -> int:
@@ -92,11 +102,12 @@ class Tensor:
         return math.prod(self.shape)
 
     def to_json(self) -> dict[str, Any]:
-        return {"tensor": list(self.shape), "dtype": self.dtype, "strides": list(self.strides or ()),
-                "align": self.align}
+        return {"tensor": [d.to_json() if _is_dim(d) else d for d in self.shape],
+                "dtype": self.dtype, "strides": list(self.strides or ()), "align": self.align}
 
     def __repr__(self) -> str:
-        extra = "" if self.strides == contiguous_strides(self.shape) else f", strides={self.strides}"
+        extra = "" if self.strides is None or self.strides == contiguous_strides(self.shape) \
+            else f", strides={self.strides}"
         extra += "" if self.align == 256 else f", align={self.align}"
         return f"Tensor({self.shape}, {self.dtype}{extra})"
 

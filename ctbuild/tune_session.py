@@ -23,6 +23,7 @@ from .arch import Arch
 from .compile_pool import CompilePool
 from .declare import DEFAULT_CAP, TunedKernel
 from .plan import job_for
+from .recorded import recorded_workloads
 from .specs import Workload, describe
 from .tuning import Device, context_ok, current_device, record_key, toolchain_for, tune_workload
 
@@ -40,12 +41,15 @@ class Entry:
         return f"{self.kernel.name} [{describe(self.workload)}]"
 
 
-def entries_for(kernels: Sequence[TunedKernel], only: Sequence[str] = ()) -> list[Entry]:
+def entries_for(kernels: Sequence[TunedKernel], only: Sequence[str] = (),
+                extra: Mapping[str, Sequence[Workload]] | None = None) -> list[Entry]:
+    """Every declared workload (a dynamic one per bucket), then the ``extra`` ones (recorded
+    at run time, see `ctbuild.recorded`)."""
     out = []
     for k in kernels:
         if only and k.name not in only:
             continue
-        for w in k.workloads:
+        for w in list(k.workloads) + list((extra or {}).get(k.name, [])):
             out.append(Entry(k, w, len(out)))
     return out
 
@@ -250,7 +254,10 @@ def _child(spec_path: str) -> int:
     from cache import Store
     from .config import load_project
     project = load_project(spec["config"], cache_dir=spec["cache"])
-    entries = entries_for(project.kernels(), spec["only"])
+    kernels = project.kernels()
+    store = Store(spec["cache"])
+    entries = entries_for(kernels, spec["only"],
+                          recorded_workloads(store, kernels, current_device().arch))
     wanted = set(spec["entries"])
     entries = [e for e in entries if e.index in wanted]
     opts = TuneOptions(**spec["opts"])
@@ -265,7 +272,6 @@ def _child(spec_path: str) -> int:
     def emit(s: dict[str, Any]) -> None:
         write({"event": "done", "entry": s["entry"], "summary": s})
 
-    store = Store(spec["cache"])
     tune_entries(entries, store, opts, exclude={int(k): v for k, v in spec["exclude"].items()},
                  emit=emit, on_event=write, isolated=True)
     return 0

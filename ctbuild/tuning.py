@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .arch import Arch
 from .compile_pool import CompilePool
 from .declare import DEFAULT_CAP, TunedKernel
+from .device_table import cuda_device, nominal_device
 from .keys import kernel_record_key
 from .plan import job_for
 from .space import Config
@@ -279,12 +280,13 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
     n_measure = len(measurable) - len(missing_set)
     t_measure = time.perf_counter()
     on_gpu = torch.cuda.is_available()
+    grid_dev = cuda_device(device.index) if on_gpu else nominal_device(device.arch)
     with (torch.cuda.device(device.index) if on_gpu else contextlib.nullcontext()), \
             counter.active():
         if n_measure > 0:
             try:
                 result = ct.tune.exhaustive_search(
-                    _Lazy(n_measure), stream, lambda cfg: tuned.grid(cfg, inputs), kernel_for,
+                    _Lazy(n_measure), stream, lambda cfg: tuned.grid(cfg, inputs, grid_dev), kernel_for,
                     args_for, None, quiet=True, single_run_timeout_sec=timeout_s)
             except Exception as exc:  # noqa: BLE001 - every candidate failed (ValueError)
                 search_error = f"{type(exc).__name__}: {exc}"
@@ -310,7 +312,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
             winner = result.best.config
             # Leave the caller-visible tensors as after one clean launch of the winner.
             inplace.prepare()
-            ct.launch(stream, tuned.grid(winner, inputs), kernel_for(winner),
+            ct.launch(stream, tuned.grid(winner, inputs, grid_dev), kernel_for(winner),
                       tuned.kernel_args(winner, inputs))
             stream.synchronize()
 

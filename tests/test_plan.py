@@ -36,7 +36,8 @@ def test_jobs_equal_distinct_compile_keys(examples_on_path: Path) -> None:
     plan = make_plan(project.kernels(), parse_archs("sm_90,sm_100"), "fp")
     keys = [k for e in plan.entries for k in e.job_keys]
     assert len(plan.jobs) == len(set(keys))
-    assert all(len(e.configs) == len(e.job_keys) for e in plan.entries)
+    assert all(len(e.configs) == len(e.class_keys["exact"]) for e in plan.entries)
+    assert all(len(set(e.class_keys["generic"])) == 1 for e in plan.entries)  # the default's
 
 
 def test_cli_jobs_count_matches_python_plan(example_plan: dict, examples_on_path: Path) -> None:
@@ -95,7 +96,7 @@ def make_project(tmp_path: Path, *, where: str = "", grid_axis: str = "TILE",
 def test_good_fixture_plans(tmp_path: Path) -> None:
     proc = run_cli("plan", "--config", str(make_project(tmp_path)), "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["jobs"] == 4
+    assert json.loads(proc.stdout)["jobs"] == 5  # 4 configs + the default config's generic CUBIN
 
 
 @pytest.mark.parametrize("kwargs,expected", [

@@ -72,10 +72,21 @@ def clean_runtime(monkeypatch: pytest.MonkeyPatch):
 
 def odd_matmul():
     """A shape no workload declares, with dims not divisible by 16: another tuning key and
-    another launch signature (so another CUBIN) than anything in the cache."""
+    another launch signature than anything in the cache (the generic CUBIN covers it)."""
     a = torch.randn(250, 500, dtype=torch.float16, device="cuda")
     b = torch.randn(500, 380, dtype=torch.float16, device="cuda")
     return a, b, torch.empty(250, 380, dtype=torch.float16, device="cuda")
+
+
+def odd_rmsnorm():
+    """A row width no workload declares: its ct.Constant N (the padded width) takes a value
+    never built, so no cached CUBIN covers the call. Returns (args, expected OUT)."""
+    x = torch.randn(64, 1000, dtype=torch.float16, device="cuda")
+    w = torch.randn(1000, dtype=torch.float16, device="cuda")
+    out = torch.empty_like(x)
+    xf = x.float()
+    ref = xf * torch.rsqrt((xf * xf).mean(dim=1, keepdim=True) + 1e-6) * w.float()
+    return (x, w, out, 1e-6), ref
 
 
 def test_warm_launch_of_every_example_is_correct_with_no_compile(warm_cache: Path) -> None:
@@ -95,12 +106,20 @@ def test_warm_launch_of_every_example_is_correct_with_no_compile(warm_cache: Pat
     assert STATS.jit_compiles == jit0
 
 
-def test_strict_mode_raises_on_a_miss(warm_cache: Path) -> None:
+def test_strict_mode_serves_covered_calls_and_raises_on_a_real_miss(warm_cache: Path) -> None:
     runtime.configure(cache_dir=warm_cache, mode="strict")
+    jit0 = STATS.jit_compiles
+    a, b, c = odd_matmul()  # undeclared shape: the generic CUBIN serves it, no compile
+    KERNELS["matmul"](a, b, c)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=5e-2)
+    entry = KERNELS["matmul"].runtime.provenance()["entries"][-1]
+    assert entry["cubin_class"] == "generic" and STATS.jit_compiles == jit0
+    args, _ = odd_rmsnorm()  # a constant value never built: nothing covers it
     with pytest.raises(CacheMissError) as err:
-        KERNELS["matmul"](*odd_matmul())
+        KERNELS["rmsnorm"](*args)
     text = str(err.value)
-    assert "'matmul'" in text and "sm_90" in text and err.value.key in text
+    assert "'rmsnorm'" in text and "sm_90" in text and err.value.key in text
     assert "ctbuild tune" in text or "ctbuild precompile" in text
 
 
@@ -108,27 +127,28 @@ def test_default_mode_jit_compiles_records_and_writes_back(cache_copy: Path,
                                                            tmp_path: Path) -> None:
     record = tmp_path / "misses.jsonl"
     runtime.configure(cache_dir=cache_copy, mode="default", record=record)
-    matmul = KERNELS["matmul"]
+    rmsnorm = KERNELS["rmsnorm"]
     jit0 = STATS.jit_compiles
-    a, b, c = odd_matmul()
-    matmul(a, b, c)
+    args, ref = odd_rmsnorm()
+    rmsnorm(*args)
     torch.cuda.synchronize()
-    torch.testing.assert_close(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(args[2].float(), ref, rtol=2e-2, atol=5e-2)
     assert STATS.jit_compiles == jit0 + 1
-    prov = matmul.runtime.provenance()
+    prov = rmsnorm.runtime.provenance()
     assert prov["origins"]["jit"] == 1 and prov["misses"]["tuning"] == 1
+    assert prov["classes"]["miss"] == 1
     line = json.loads(record.read_text().splitlines()[0])
-    assert line["kernel"] == "matmul" and line["arch"] == "sm_90"
-    assert line["workload"]["A"]["tensor"] == [250, 500]
+    assert line["kernel"] == "rmsnorm" and line["arch"] == "sm_90"
+    assert line["workload"]["X"]["tensor"] == [64, 1000]
     assert runtime.context().writebacks == 1
     # a fresh process (context) now finds the CUBIN: no compile
     runtime.configure(cache_dir=cache_copy, mode="strict", disable_autotune=True)
-    a, b, c = odd_matmul()
-    matmul(a, b, c)
+    args, ref = odd_rmsnorm()
+    rmsnorm(*args)
     torch.cuda.synchronize()
-    torch.testing.assert_close(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(args[2].float(), ref, rtol=2e-2, atol=5e-2)
     assert STATS.jit_compiles == jit0 + 1
-    assert matmul.runtime.provenance()["origins"]["default"] == 1
+    assert rmsnorm.runtime.provenance()["origins"]["default"] == 1
 
 
 def test_read_only_cache(warm_cache: Path) -> None:

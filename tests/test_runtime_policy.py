@@ -60,17 +60,28 @@ def resolve(name: str, **kw):
     return tuned.runtime.resolve(host_tensors(tuned.workloads[0]), arch="sm_90", gpu=GPU, **kw)
 
 
-def test_strict_tuning_miss_names_kernel_key_arch_and_fix(store: Store) -> None:
+def test_strict_tuning_miss_is_counted_and_served_when_a_cubin_covers(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """Strict mode raises only when nothing covers the call: without a tuning record the
+    default config serves from its cached CUBIN, and the miss is counted and logged with the
+    kernel, the keys, the arch and the fix."""
     runtime.configure(store=store, mode="strict")
-    with pytest.raises(CacheMissError) as err:
+    tuned = KERNELS["matmul"]
+    default = tuned.default_config(tuned.workloads[0])
+    with pytest.raises(CacheMissError) as err:  # no CUBIN either: nothing covers the call
         resolve("matmul")
-    text = str(err.value)
-    assert err.value.what == "tuning" and err.value.kernel == "matmul"
+    assert err.value.what == "cubin" and err.value.kernel == "matmul"
+    put_cubin(store, "matmul", default.to_json())
+    runtime.configure(store=store, mode="strict")
+    with caplog.at_level("WARNING", logger="ctbuild.runtime"):
+        res = resolve("matmul")
+    assert res.config == default and res.config_from == "default"
+    assert res.cubin_class == "exact"
+    assert tuned.runtime.provenance()["misses"] == {"tuning": 1}
+    text = next(r.getMessage() for r in caplog.records if "no tuning record" in r.getMessage())
     assert "'matmul'" in text and "sm_90" in text and GPU in text
-    tk = KERNELS["matmul"].tuning_key(KERNELS["matmul"].workloads[0])
-    assert json.dumps(tk) in text and err.value.key in text
-    assert "ctbuild precompile --config" in text and "--arch sm_90" in text
-    assert "ctbuild tune" in text and "CTBUILD_MODE=default" in text
+    tk = tuned.tuning_key(tuned.workloads[0])
+    assert json.dumps(tk) in text and res.record_key in text
 
 
 def test_strict_cubin_miss_names_compile_key(store: Store) -> None:

@@ -83,6 +83,81 @@ def _dispatcher_main() -> None:
     json.dump(out, sys.stdout)
 
 
+# --- signature classes: the dispatcher's signatures, weakened, are the planned CUBINs --------
+COVERAGE_PROJECT = ROOT / "tests" / "fixtures" / "coverage_project"
+CLASS_FP = "f" * 32
+CLASS_KERNELS = ("dyn_matmul", "dyn_add", "dyn_center_rows")
+
+
+def class_calls() -> list[dict[str, Any]]:
+    """Random calls of the dynamic fixture kernels: sizes across each range (1 and hi among
+    them) in contiguous, misaligned and (for the matmul) transposed layouts."""
+    import random
+    rng = random.Random(12)
+    calls = []
+    for name in CLASS_KERNELS:
+        for i in range(24):
+            size = (1, 17, 4095)[i] if i < 3 else rng.randint(1, 8192)
+            layout = ("contiguous", "contiguous", "misaligned", "transposed")[i % 4]
+            calls.append({"kernel": name, "size": size, "layout": layout})
+    return calls
+
+
+def class_call_specs(tuned: Any, call: dict[str, Any]) -> tuple[Any, Any]:
+    """(workload spec, default config) of one generated call."""
+    from ctbuild.dims import concretize, dims_of
+    from ctbuild.specs import Tensor, Workload
+    declared = tuned.dynamic_workloads[0]
+    w = dict(concretize(declared, {n: call["size"] for n in dims_of(declared)}))
+    first = next(iter(w))
+    t = w[first]
+    if call["layout"] == "misaligned":
+        w[first] = Tensor(t.shape, t.dtype, t.strides, 4)
+    elif call["layout"] == "transposed" and t.ndim == 2:
+        w[first] = Tensor(t.shape, t.dtype, (1, t.shape[0]))
+    spec_w = Workload(w)
+    return spec_w, tuned.default_config(spec_w)
+
+
+def _classes_main() -> None:
+    """Subprocess side: launch each call through the real dispatcher, weaken the signature it
+    derived under every class of the lattice, print the compile keys."""
+    import cuda.tile as ct
+
+    from ctbuild.keys import kernel_compile_key
+    from ctbuild.signature_classes import dynamic_patterns, lattice, weaken
+
+    sys.path.insert(0, str(COVERAGE_PROJECT))
+    import cov_kernels.kernels as kernels
+
+    class Captured(Exception):
+        pass
+
+    class SpyKernel(ct.kernel):
+        def _compile(self, signature, context, compute_capability=None):
+            raise Captured(signature)
+
+    out = []
+    for n, call in enumerate(class_calls()):
+        tuned = getattr(kernels, call["kernel"])
+        spec_w, cfg = class_call_specs(tuned, call)
+        spy = SpyKernel(tuned.pyfunc)
+        args = sc.runtime_args(tuned.kernel_args(cfg, spec_w),
+                               lambda spec, slot: sc.FakeCudaArray(
+                                   spec, sc.fake_pointer(spec, slot + 8 * n)))
+        try:
+            ct.launch(0, (1, 1, 1), spy, args)
+            raise RuntimeError("launch did not reach _compile")
+        except Captured as c:
+            real = c.args[0]
+        keys = {}
+        for weakening in lattice(dynamic_patterns(tuned, cfg)):
+            sig = weaken(real, weakening, tuned.pyfunc.__name__)
+            keys.setdefault(weakening.cls, kernel_compile_key(tuned, cfg, sig, "sm_90", CLASS_FP))
+        out.append({**call, "cconv": real.calling_convention.code, "keys": keys})
+    json.dump(out, sys.stdout)
+
+
 # --- the pytest side -------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def stub_libcuda_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -171,5 +246,50 @@ def test_scalar_specs_the_dispatcher_cannot_produce() -> None:
     assert sig.parameters[2].dtype == ct.int64
 
 
+def test_signature_classes_parity(stub_libcuda_dir: Path) -> None:
+    """Build and serve agree bit for bit: the real dispatcher's signature of every random call,
+    weakened by the runtime's lattice, gives exactly the keys the plan precompiles (relaxed for
+    every size of the range, generic for every layout) and the keys the runtime derives from
+    specs on the CPU."""
+    from ctbuild.arch import Arch
+    from ctbuild.plan import make_plan
+    from ctbuild.signature import derive_signature
+
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(stub_libcuda_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--classes"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, f"dispatcher subprocess failed:\n{proc.stderr[-4000:]}"
+    results = json.loads(proc.stdout)
+    assert len(results) == len(class_calls())
+    sys.path.insert(0, str(COVERAGE_PROJECT))
+    import cov_kernels.kernels as kernels
+
+    from ctbuild.served import CubinSource
+    tuned = {n: getattr(kernels, n) for n in CLASS_KERNELS}
+    plan = make_plan(list(tuned.values()), [Arch("sm_90")], CLASS_FP)
+    planned = {n: {c: {k for k, j in plan.jobs.items() if j.kernel == n and j.cubin_class == c}
+                   for c in ("exact", "relaxed", "generic")} for n in CLASS_KERNELS}
+    source = CubinSource(None, CLASS_FP)
+    size_one = 0
+    for r in results:
+        k = tuned[r["kernel"]]
+        keys, mine = r["keys"], planned[r["kernel"]]
+        assert keys["generic"] in mine["generic"], r
+        if r["layout"] == "contiguous":
+            assert keys["relaxed"] in mine["relaxed"] | mine["exact"], r
+        spec_w, cfg = class_call_specs(k, r)
+        derived = derive_signature(k.kernel, k.kernel_args(cfg, spec_w))
+        on_cpu = {}
+        for weakening, _, key in source.candidates(k, cfg, derived, "sm_90"):
+            on_cpu.setdefault(weakening.cls, key)
+        assert on_cpu == keys, r
+        size_one += r["size"] == 1 and r["cconv"] == "t2"
+    assert size_one == len(CLASS_KERNELS)  # size 1 went through calling convention v2
+
+
 if __name__ == "__main__" and "--dispatcher" in sys.argv:
     _dispatcher_main()
+if __name__ == "__main__" and "--classes" in sys.argv:
+    _classes_main()

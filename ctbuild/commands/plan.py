@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..coverage import summary_lines
 from ..plan import make_plan
 from ..specs import describe
 from ..toolchain import ToolchainError, probe
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     project = project_from_args(args)
     kernels = project.kernels()
     fp, problem = toolchain_fingerprint()
-    plan = make_plan(kernels, project.archs, fp, project.cap)
+    plan = make_plan(kernels, project.archs, fp, project.cap, generic=project.generic,
+                     devices=project.devices)
     if args.json:
         out = plan.to_json()
         if problem:
@@ -50,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     for e in plan.entries:
         counts = f"{e.total}>{e.pruned}>{len(e.configs)}"
         print(f"{e.kernel.name:<16} {e.arch:<7} {counts:>15}  {describe(e.workload)}")
+    print("\ncoverage (serving calls outside the declared shapes):")
+    for line in summary_lines(plan, kernels):
+        print(("" if line.startswith("warning:") else "  ") + line)
     print(f"\n{len(plan.jobs)} compile jobs (distinct compile keys) for "
           f"{len({e.kernel.name for e in plan.entries})} kernels on "
           f"{', '.join(project.archs)}; configs shown as all>after constraint>after cap")

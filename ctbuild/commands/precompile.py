@@ -158,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     archs = list(project.archs) + [a for a in record_archs if a not in project.archs]
     toolchain = probe()
-    plan = make_plan(kernels, archs, toolchain.fingerprint, project.cap, extra_workloads=extra)
+    plan = make_plan(kernels, archs, toolchain.fingerprint, project.cap, extra_workloads=extra,
+                     generic=project.generic, devices=project.devices)
 
     from cache import CacheError, Store
     try:

@@ -21,7 +21,9 @@ measured with cuTile's exhaustive_search (CUDA graph per sample, L2 flush, 95% C
 cache's CUBINs: nothing is compiled while measuring. A candidate without a CUBIN is reported
 (or compiled first, in a local process pool, with --compile-missing). A failing, faulting or
 hanging candidate is recorded as failed; the others still get measured. Tuned entries are
-skipped unless --retune. Exit 0 when every kernel x workload got a record, 1 when some did not,
+skipped unless --retune. A dynamic workload (ctbuild.Dim) is tuned once per bucket, at the
+bucket's representative size. Workloads added by `ctbuild precompile --from-record` (found in
+the cache) are tuned too. Exit 0 when every kernel x workload got a record, 1 when some did not,
 2 on bad input.
 """
 
@@ -68,6 +70,7 @@ def _line(s: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from cache import Store
+    from ..recorded import recorded_workloads
     from ..tune_session import TuneOptions, entries_for, run_isolated, tune_entries
     from ..tuning import current_device, toolchain_for
 
@@ -77,14 +80,14 @@ def run(args: argparse.Namespace) -> int:
     names = {k.name for k in kernels}
     if unknown := [n for n in only if n not in names]:
         return fail(f"unknown kernel(s) {unknown}; declared: {', '.join(sorted(names))}")
-    entries = entries_for(kernels, only)
-    if not entries:
-        return fail("no kernel x workload to tune (declare workloads=[...])")
     try:
         device = current_device()
     except RuntimeError as exc:
         return fail(str(exc), 1)
     store = Store(project.cache_dir)
+    entries = entries_for(kernels, only, recorded_workloads(store, kernels, device.arch))
+    if not entries:
+        return fail("no kernel x workload to tune (declare workloads=[...])")
     fp = toolchain_for(store)
     opts = TuneOptions(retune=args.retune, compile_missing=args.compile_missing,
                        timeout_s=args.timeout, cap=project.cap,

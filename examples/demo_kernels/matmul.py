@@ -25,7 +25,7 @@ def fits(cfg, w, arch) -> bool:
                   num_ctas=[1, 2], where=fits),
     grid=lambda cfg, w: (ct.cdiv(w.A.shape[0], cfg.TM), ct.cdiv(w.B.shape[1], cfg.TN)),
     default={"TM": 128, "TN": 128, "TK": 64, "num_ctas": 1},
-    key=ctbuild.key(bucket={"A": {0: ctbuild.pow2}}),
+    key=ctbuild.key(bucket={"A": {0: ctbuild.pow2}, "C": {0: ctbuild.pow2}}),
     workloads=[
         {"A": Tensor((4096, 4096), "float16"), "B": Tensor((4096, 4096), "float16"),
          "C": Tensor((4096, 4096), "float16")},

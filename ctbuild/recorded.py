@@ -1,0 +1,38 @@
+"""Workloads the cache holds CUBINs for but no declaration names: those ``ctbuild precompile
+--from-record`` added from calls recorded at run time. ``ctbuild tune`` tunes them too, so the
+miss loop (record -> precompile --from-record -> tune -> warm) closes without editing the
+declaration."""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from .specs import Workload, spec_from_json
+
+
+def recorded_workloads(store: Any, kernels: Sequence[Any], arch: str) -> dict[str, list[Workload]]:
+    """Per kernel name, the workloads of exact-class compile entries of this kernel source and
+    arch whose tuning key no declared workload has (sorted, so every process agrees)."""
+    by_name = {k.name: k for k in kernels}
+    found: dict[str, dict[str, Workload]] = {}
+    for _, meta in store.compile_entries():
+        kernel = by_name.get(meta.get("kernel"))
+        if kernel is None or meta.get("kernel_fp") != kernel.fingerprint or \
+                meta.get("arch") != arch or meta.get("class", "exact") != "exact" or \
+                not isinstance(meta.get("workload"), dict):
+            continue
+        try:
+            w = Workload({p: spec_from_json(meta["workload"][p]) for p in kernel.params})
+        except (KeyError, TypeError, ValueError):
+            continue
+        text = json.dumps(meta["workload"], sort_keys=True)
+        found.setdefault(kernel.name, {})[text] = w
+    out: dict[str, list[Workload]] = {}
+    for name, ws in found.items():
+        kernel = by_name[name]
+        declared = {json.dumps(kernel.tuning_key(w), sort_keys=True) for w in kernel.workloads}
+        extra = [ws[t] for t in sorted(ws)
+                 if json.dumps(kernel.tuning_key(ws[t]), sort_keys=True) not in declared]
+        if extra:
+            out[name] = extra
+    return out

@@ -1,0 +1,259 @@
+"""Serving coverage on a CPU: dynamic dims and buckets, signature classes planned and compiled
+with the real tileiras, the runtime's lookup order (exact -> relaxed -> generic) and `explain`,
+coverage in `ctbuild plan`, device-aware grids, and the miss loop's discovery of recorded
+workloads."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, RUNTIME_TOOLCHAIN, run_cli
+
+PROJECT = ROOT / "tests" / "fixtures" / "coverage_project"
+
+
+@pytest.fixture
+def cov(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(PROJECT))
+    import cov_kernels.kernels as k
+    return k
+
+
+def test_dim_buckets_and_validation() -> None:
+    from ctbuild import Dim
+    m = Dim("M", 1, 8192)
+    assert m.buckets[:4] == (1, 2, 4, 8) and m.buckets[-1] == 8192
+    assert [m.bucket_of(n) for n in (1, 3, 17, 4095, 4097, 8191)] == [1, 4, 32, 4096, 8192, 8192]
+    assert m.bucket_of(0) is None and m.bucket_of(8193) is None
+    assert Dim("T", 3, 1000).buckets == (4, 8, 16, 32, 64, 128, 256, 512, 1000)
+    assert Dim("T", 1, 100, buckets=[10, 50]).buckets == (10, 50, 100)
+    for bad in (("M", 0, 4), ("M", 8, 4), ("not a name", 1, 4)):
+        with pytest.raises(ValueError):
+            Dim(*bad)
+    with pytest.raises(ValueError, match="below lo"):
+        Dim("M", 4, 100, buckets=[2])
+
+
+def test_buckets_expand_to_representative_workloads(cov) -> None:
+    from ctbuild.specs import Tensor
+    k = cov.dyn_matmul
+    assert len(k.workloads) == 14 and len(k.dynamic_workloads) == 1
+    sizes = sorted(w.A.shape[0] for w in k.workloads)
+    assert sizes == [1 << i for i in range(14)]
+    assert all(w.A.shape[0] == w.C.shape[0] for w in k.workloads)
+    # The tuning key of a call is its bucket's: M=3000 and M=4096 share one record.
+    a = k.explain(Tensor((3000, 4096), "float16"), Tensor((4096, 4096), "float16"),
+                  Tensor((3000, 4096), "float16"), arch="sm_90")
+    b = k.explain(Tensor((4096, 4096), "float16"), Tensor((4096, 4096), "float16"),
+                  Tensor((4096, 4096), "float16"), arch="sm_90")
+    assert a["bucket"] == b["bucket"] == {"M": 4096}
+    assert a["tuning_key"] == b["tuning_key"]
+
+
+def test_weaken_is_deterministic_and_normalises_size_one(cov) -> None:
+    """M=1 (calling convention v2, shape constant 1) and M=17 weaken to one relaxed signature;
+    every layout of one dtype pattern weakens to one generic signature."""
+    from ctbuild.signature import derive_signature, signature_text
+    from ctbuild.signature_classes import GENERIC_WEAKENING, RELAXED, Weakening, weaken
+    from ctbuild.specs import Tensor
+    k = cov.dyn_matmul
+    cfg = k.default_config(k.workloads[0])
+    dyn = ((0,), ()), None, ((0,), ())
+    relaxed = Weakening(RELAXED, (*dyn, None, None, None))
+
+    def sig(m, a_strides=None, align=256):
+        w = {"A": Tensor((m, 4096), "float16", a_strides, align),
+             "B": Tensor((4096, 4096), "float16"), "C": Tensor((m, 4096), "float16")}
+        return derive_signature(k.kernel, k.kernel_args(cfg, k.bind(**w)))
+
+    one, odd = sig(1), sig(17)
+    assert one.calling_convention.code != odd.calling_convention.code
+    texts = {signature_text(weaken(s, relaxed, "dyn_matmul")) for s in (one, odd, sig(4095))}
+    assert len(texts) == 1
+    assert weaken(one, relaxed, "dyn_matmul").calling_convention.code == \
+        odd.calling_convention.code
+    generic = {signature_text(weaken(s, GENERIC_WEAKENING, "dyn_matmul"))
+               for s in (one, odd, sig(4096), sig(64, (1, 64)), sig(33, None, 2))}
+    assert len(generic) == 1
+    # Pure: the same input gives the same text and symbol every time.
+    w1, w2 = weaken(odd, relaxed, "dyn_matmul"), weaken(odd, relaxed, "dyn_matmul")
+    assert signature_text(w1) == signature_text(w2) and w1.symbol == w2.symbol
+
+
+def test_plan_coverage_json_and_summary(cov) -> None:
+    proc = run_cli("plan", "--config", str(PROJECT / "ctbuild.toml"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    kernels = {k["name"]: k for k in json.loads(proc.stdout)["kernels"]}
+    mm = kernels["dyn_matmul"]["coverage"]
+    assert mm["dynamic_dims"]["M"]["lo"] == 1 and mm["dynamic_dims"]["M"]["hi"] == 8192
+    assert mm["buckets"] == 14 and mm["classes"]["generic"] == 1
+    assert mm["cubins"] == sum(mm["classes"].values()) == kernels["dyn_matmul"]["jobs"]
+    add = kernels["dyn_add"]["coverage"]
+    assert add["buckets"] == 6 and add["classes"]["relaxed"] >= 1
+    assert mm["uncoverable_constants"] == []
+    text = run_cli("plan", "--config", str(PROJECT / "ctbuild.toml"))
+    assert text.returncode == 0 and "M in [1, 8192]" in text.stdout and "generic" in text.stdout
+
+
+def test_constant_derived_from_a_dynamic_dim_warns(tmp_path: Path) -> None:
+    cfg = tmp_path / "ctbuild.toml"
+    cfg.write_text(f'modules = ["cov_kernels.derived"]\npaths = ["{PROJECT}"]\n')
+    proc = run_cli("plan", "--config", str(cfg), "--json")
+    # bad_grid is in the same module: the plan must refuse it with exit 2, naming it.
+    assert proc.returncode == 2, proc.stdout
+    assert "bad_grid" in proc.stderr and "ZeroDivisionError" in proc.stderr
+    assert "X=Tensor((64,), float32)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_derived_constants_found(cov, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cov_kernels.derived as d
+    from ctbuild.coverage import derived_constants
+    found = derived_constants(d.seq_constant)
+    assert [f["parameter"] for f in found] == ["SEQ"] and "declare the values" in \
+        found[0]["message"].lower()
+    assert derived_constants(cov.dyn_center_rows) == []  # COLS comes from a static dim
+
+
+def test_grid_sees_the_nominal_device(cov) -> None:
+    from ctbuild.config import load_project
+    from ctbuild.device_table import nominal_device
+    project = load_project(PROJECT / "ctbuild.toml")
+    dev = nominal_device("sm_90", project.devices)
+    assert (dev.name, dev.sm_count) == ("NVIDIA H200", 132)
+    assert nominal_device("sm_100").sm_count == 148
+    k = cov.persistent_scale
+    w = max(k.workloads, key=lambda w: w.X.shape[0])
+    cfg = k.default_config(w)
+    assert k.grid(cfg, w, dev) == (132,)
+    assert k.grid(cfg, w, nominal_device("sm_100")) == (148,)
+
+
+def test_bad_devices_table(tmp_path: Path) -> None:
+    cfg = tmp_path / "ctbuild.toml"
+    cfg.write_text(f'modules = ["cov_kernels.kernels"]\npaths = ["{PROJECT}"]\n'
+                   '[devices]\nsm_90 = { sm_count = 0 }\n')
+    proc = run_cli("plan", "--config", str(cfg))
+    assert proc.returncode == 2 and "sm_count" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def compiled_add(cov, runtime_store, monkeypatch: pytest.MonkeyPatch):
+    """A cache holding, compiled by the real tileiras, dyn_add's default-config CUBINs of the
+    4096 bucket (exact and relaxed) and its generic CUBIN; no tuning record."""
+    from ctbuild import runtime
+    from ctbuild.compiler import compile_job
+    from ctbuild.plan import job_for, relaxed_weakening
+    from ctbuild.signature_classes import GENERIC_WEAKENING
+    k = cov.dyn_add
+    rep = next(w for w in k.workloads if w.X.shape[0] == 4096)
+    cfg = k.default_config(rep)
+    monkeypatch.setattr("ctbuild.toolchain.probe", _fake_probe)
+    jobs = {"exact": job_for(k, cfg, rep, "sm_90", RUNTIME_TOOLCHAIN),
+            "relaxed": job_for(k, cfg, rep, "sm_90", RUNTIME_TOOLCHAIN,
+                               relaxed_weakening(k, cfg, rep)),
+            "generic": job_for(k, cfg, rep, "sm_90", RUNTIME_TOOLCHAIN, GENERIC_WEAKENING)}
+    assert len({j.key for j in jobs.values()}) == 3
+    for job in jobs.values():
+        out = compile_job(job.to_json())
+        runtime_store.put_compile(job.key, out["cubin"], symbol=out["symbol"], meta=out["meta"])
+    runtime.configure(store=runtime_store, mode="strict")
+    return k, cfg, jobs
+
+
+class _FakeToolchain:
+    fingerprint = RUNTIME_TOOLCHAIN
+
+
+def _fake_probe():
+    """compile_job checks the job's key against this process's toolchain fingerprint; the
+    runtime cache records RUNTIME_TOOLCHAIN, so the worker must see the same."""
+    return _FakeToolchain()
+
+
+def test_lookup_order_and_explain(compiled_add) -> None:
+    from ctbuild.miss_policy import CacheMissError
+    from ctbuild.specs import Tensor
+    k, cfg, jobs = compiled_add
+
+    def explain(n, align=256, strides=None, dtype="float32"):
+        t = Tensor((n,), dtype, strides, align)
+        return k.explain(t, t, t, arch="sm_90", gpu="NVIDIA H200")
+
+    exact = explain(4096)
+    assert (exact["cubin_class"], exact["compile_key"]) == ("exact", jobs["exact"].key)
+    assert exact["bucket"] == {"N": 4096} and exact["cached"] and exact["config"] == cfg.to_json()
+    assert exact["config_from"] == "default"  # no tuning record: the default config
+    # Size 1 switches the dispatcher to calling convention v2 with a shape constant: its own
+    # signature is not built, the relaxed CUBIN serves it.
+    one = explain(1)
+    assert (one["cubin_class"], one["compile_key"]) == ("relaxed", jobs["relaxed"].key)
+    for n in (17, 4095, 100001):  # their own signature IS the relaxed one: an exact hit
+        e = explain(n)
+        assert (e["cubin_class"], e["compile_key"]) == ("exact", jobs["relaxed"].key), n
+    for e in (explain(4096, align=4), explain(64, strides=(2,)), explain(7, strides=(0,))):
+        assert (e["cubin_class"], e["compile_key"]) == ("generic", jobs["generic"].key)
+    miss = explain(4096, dtype="float16")  # a dtype never declared: nothing covers it
+    assert miss["cubin_class"] == "miss" and not miss["cached"]
+    # Strict mode resolves every covered call (a tuning miss is counted, not raised) ...
+    t = Tensor((1,), "float32")
+    res = k.runtime.resolve((t, t, t), arch="sm_90", gpu="NVIDIA H200")
+    assert res.cubin_class == "relaxed" and k.runtime.ctx.misses.total("dyn_add") == {"tuning": 1}
+    # ... and raises only when nothing covers the call.
+    h = Tensor((4096,), "float16")
+    with pytest.raises(CacheMissError):
+        k.runtime.resolve((h, h, h), arch="sm_90", gpu="NVIDIA H200")
+
+
+def test_recorded_workloads_are_discovered_for_tuning(cov, runtime_store,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctbuild.plan import job_for
+    from ctbuild.recorded import recorded_workloads
+    from ctbuild.specs import Tensor, Workload
+    from ctbuild.tune_session import entries_for
+    k = cov.dyn_matmul
+    odd = Workload({"A": Tensor((3000, 1000), "float16"), "B": Tensor((1000, 4096), "float16"),
+                    "C": Tensor((3000, 4096), "float16")})
+    declared = k.workloads[5]
+    for w in (odd, declared):
+        job = job_for(k, k.default_config(w), w, "sm_90", RUNTIME_TOOLCHAIN)
+        runtime_store.put_compile(job.key, b"cubin", symbol=job.symbol, meta={
+            **{f: getattr(job, f) for f in ("kernel", "module", "kernel_fp", "arch", "config",
+                                            "workload")}, "class": "exact"})
+    found = recorded_workloads(runtime_store, [k], "sm_90")
+    assert found == {"dyn_matmul": [odd]}
+    assert recorded_workloads(runtime_store, [k], "sm_100") == {}
+    entries = entries_for([k], (), found)
+    assert len(entries) == len(k.workloads) + 1 and entries[-1].workload == odd
+
+
+def test_jit_without_tileiras_is_a_counted_miss_not_a_compile(cov, runtime_store,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Where tileiras is absent, a JIT attempt raises CacheMissError (not FileNotFoundError)
+    and counts as a failure, never in ``jit_compiles``."""
+    import cuda.tile._compile as cc
+
+    from ctbuild import runtime
+    from ctbuild.compiler import _context
+    from ctbuild.miss_policy import CacheMissError
+    from ctbuild.served import STATS, ServedKernel
+    from ctbuild.signature import derive_signature
+    from ctbuild.specs import Tensor
+
+    def absent():
+        raise FileNotFoundError("'tileiras' compiler not found")
+
+    monkeypatch.setattr(cc, "_find_compiler_bin", absent)
+    ctx = runtime.configure(store=runtime_store, mode="default")
+    k = cov.dyn_add
+    cfg = k.default_config(k.workloads[0])
+    t = Tensor((4096,), "float16")
+    signature = derive_signature(k.kernel, k.kernel_args(cfg, k.bind(t, t, t)))
+    served = ServedKernel(k, cfg, ctx.source)
+    before = (STATS.jit_compiles, STATS.jit_failures)
+    with pytest.raises(CacheMissError, match="cannot be JIT-compiled"):
+        served.jit_compile(signature, _context(None), "sm_90")
+    assert (STATS.jit_compiles, STATS.jit_failures) == (before[0], before[1] + 1)
+    assert runtime.stats()["jit_compiles"] == before[0]
