@@ -71,7 +71,7 @@ class Store:
         self._reported: set[tuple[str, str]] = set()
         self._read_errors = 0
         self._damage: str | None = None
-        self._on_damage = on_damage
+        self.on_damage = on_damage
         self._verified_blobs: set[str] = set()
 
     @property
@@ -403,8 +403,8 @@ class Store:
             self._damage = str(exc)
             log.error("cache %s is damaged (%s): every lookup it breaks is a miss; repair: %s",
                       self._path, exc, self.repair_hint())
-            if self._on_damage is not None:
-                self._on_damage(str(exc))
+            if self.on_damage is not None:
+                self.on_damage(str(exc))
 
     def _parse(self, ns: Namespace, key: str, value: bytes | str, required: Sequence[str]) -> dict[str, Any] | None:
         problem = entry_problem(value, required)
