@@ -270,6 +270,9 @@ def _validate(store: Store, stream: IO[bytes], *, require_key: bytes | None, max
                 checked.new_bytes += member.size
     if MANIFEST not in seen:
         raise CacheError("bundle is empty: not a ctbuild cache bundle")
+    if require_key is not None:  # authenticity first: a forged bundle's other faults are beside the point
+        _check_signature(signature, hashes, require_key)
+        checked.sha256 = hashes
     for name in DOCUMENTS:
         documents.setdefault(name, {})
     required = {"toolchains.json": (), "compile.json": COMPILE_REQUIRED, "tuning.json": TUNING_REQUIRED}
@@ -287,9 +290,6 @@ def _validate(store: Store, stream: IO[bytes], *, require_key: bytes | None, max
         if digest not in checked.blobs and store.get_blob(digest) is None:
             raise CacheError(f"bundle compile.json: entry {key!r} needs blob {digest}, which is neither in the bundle "
                              "nor in the cache; nothing was imported")
-    if require_key is not None:
-        _check_signature(signature, hashes, require_key)
-        checked.sha256 = hashes
     return checked
 
 

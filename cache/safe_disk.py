@@ -50,6 +50,7 @@ class SafeDisk(diskcache.Disk):
             if self._local.path is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self._local.path)
+                    os.removedirs(os.path.dirname(self._local.path))  # the empty ab/cd/ dirs; stops at a non-empty one
             raise
 
     def filename(self, key: Any = UNKNOWN, value: Any = UNKNOWN) -> tuple[str, str]:
