@@ -6,6 +6,7 @@ falls back in default mode and says the cache is damaged in strict mode. Real ti
 real SQLite files."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -120,11 +121,36 @@ def test_stats_on_an_unrelated_directory_writes_nothing(tmp_path):
     assert sorted(p.name for p in cache.rglob("*")) == before
 
 
-torch = pytest.importorskip("torch")
+def test_has_compile_skips_only_intact_cubins(tmp_path):
+    root = tmp_path / "c"
+    with Store(root) as store:
+        store.put_compile("k", b"cubin" * 100, symbol="s", meta={"kernel": "x", "arch": "sm_90"})
+    (blob,) = root.glob("blobs/??/??/*.val")
+    flip_byte(blob)
+    with Store(root) as store:  # a new process's view: nothing verified yet
+        assert not store.has_compile("k")
+        assert store.stats()["digest_failures"] == 1 and list((root / "quarantine").iterdir())
+
+
+def test_ls_shows_the_config_of_each_entry(tmp_path):
+    root = tmp_path / "c"
+    with Store(root) as store:
+        for occupancy in (1, 2):  # differ only in a hint
+            store.put_compile(f"key-{occupancy}", b"cubin", symbol="s",
+                              meta={"kernel": "x", "arch": "sm_90", "config": {"TILE": 64, "occupancy": occupancy}})
+    env = {k: v for k, v in os.environ.items() if k != "CTBUILD_CACHE_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    text = subprocess.run([sys.executable, "-m", "cache", "ls", "--cache", str(root)], env=env, capture_output=True,
+                          text=True, timeout=60).stdout
+    assert "TILE=64,occupancy=1" in text and "TILE=64,occupancy=2" in text
+    out = subprocess.run([sys.executable, "-m", "cache", "ls", "--cache", str(root), "--json"], env=env,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert sorted(c["config"]["occupancy"] for c in json.loads(out)["compile"]) == [1, 2]
 
 
 @pytest.fixture
 def examples():
+    pytest.importorskip("torch")
     from gpu_runtime_examples import load_examples
     return load_examples()
 
