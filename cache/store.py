@@ -365,7 +365,7 @@ class Store:
         """A row and its raw value from one of :attr:`namespaces` (None: absent, unsafe or unreadable)."""
         return self._read(ns, key)
 
-    # -- internals shared with integrity/eviction/bundle -------------------------------------
+    # -- internals ---------------------------------------------------------------------------
 
     def _require_writable(self, action: str) -> None:
         if self._readonly:

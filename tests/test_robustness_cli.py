@@ -127,3 +127,14 @@ def test_plan_into_head_exits_0_without_traceback_20_of_20(project):
         results = list(pool.map(once, range(20)))
     assert [code for code, _ in results] == ["0"] * 20, results
     assert not [err for _, err in results if err.strip()], results
+
+
+def test_a_subcommand_imports_only_its_own_module(tmp_path):
+    cache = tmp_path / "cache"
+    Store(cache).close()
+    code = ("import sys; from ctbuild.cli import main; main(['cache', 'stats', '--cache', sys.argv[1]]); "
+            "loaded = sorted(m for m in sys.modules if m.startswith(('ctbuild.commands.', 'ray', 'farm')));"
+            "print('LOADED', loaded)")
+    proc = subprocess.run([sys.executable, "-c", code, str(cache)], env=env(), capture_output=True, text=True,
+                          timeout=120)
+    assert "LOADED ['ctbuild.commands.cache']" in proc.stdout, proc.stdout + proc.stderr
