@@ -33,7 +33,7 @@ def positive_seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be > 0 (a finite number of seconds), got {text}")
     return value
 
 
