@@ -282,6 +282,8 @@ class Namespace:
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
                 raise CacheError(f"cannot write {self._db}: {exc} (another writer held it for {WRITE_TIMEOUT_S:.0f} s)") from None
+            if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
+                raise CacheError(f"cannot write {self._db}: {exc}; free space and retry (the cache is intact)") from None
             raise DamagedCacheError(f"cannot write {self._db}: {exc}; run `ctbuild cache verify --repair --cache "
                                     f"{self.directory.parent}`") from None
 
