@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[test]' --config-settings editable_mode=compat
 	touch $@
 
-.PHONY: examples test plan
+.PHONY: examples test plan lint
 examples: $(STAMP)  ## precompile the example kernels on an embedded Ray into $(CACHE)
 	$(VENV)/bin/ctbuild precompile --config examples/ctbuild.toml --cache $(CACHE)
 
@@ -19,3 +19,7 @@ plan: $(STAMP)
 
 test: $(STAMP)  ## the whole CPU suite (GPU tests skip without a GPU)
 	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)  ## ruff (style, imports, likely bugs) and mypy on the three packages
+	$(VENV)/bin/ruff check ctbuild farm cache tests benchmarks examples docs
+	$(VENV)/bin/mypy

@@ -10,7 +10,7 @@ class Arch(str):
 
     cc: int
 
-    def __new__(cls, name: str) -> "Arch":
+    def __new__(cls, name: str) -> Arch:
         text = str(name).strip().lower()
         digits = text.removeprefix("sm_")
         if not digits.isdigit() or int(digits) not in KNOWN_CC:
@@ -29,7 +29,7 @@ class Arch(str):
         return self.cc % 10
 
     @classmethod
-    def from_capability(cls, major: int, minor: int) -> "Arch":
+    def from_capability(cls, major: int, minor: int) -> Arch:
         return cls(f"sm_{major}{minor}")
 
 

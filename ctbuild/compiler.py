@@ -3,36 +3,31 @@
 The worker re-derives the job's compile key from its own view of the kernel source and the
 toolchain it finds. A mismatch means the worker would build something other than what the
 driver planned (another toolchain, env, or source version): that is an error, never a silent mix.
+
+The compile runs cuTile's front end itself (`tileir`) with debug info anonymized and hands that
+bytecode to tileiras: the CUBIN then holds no file path, and the bytecode's digest, recorded in
+the cache entry, lets ``ctbuild cache verify --identity`` check the kernel fingerprint.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import xxhash
 
 from .declare import registered
 from .specs import Workload, spec_from_json
 from .space import Config
 
-#: Per-process TileContext without cuTile's own disk cache (ctbuild's cache is the cache).
-_CONTEXT: Any = None
-
 
 class CompileMismatchError(RuntimeError):
     """The worker's toolchain or kernel source differs from the driver's plan."""
-
-
-def _context(timeout_sec: float | None) -> Any:
-    global _CONTEXT
-    from cuda.tile._cext import TileContext
-    from cuda.tile._context import TileContextConfig
-    if _CONTEXT is None:
-        _CONTEXT = TileContext(config=TileContextConfig(
-            temp_dir=tempfile.mkdtemp(prefix="ctbuild-"), compiler_timeout_sec=timeout_sec,
-            enable_crash_dump=False, cache_dir=None, cache_size_limit=0))
-    _CONTEXT.config.compiler_timeout_sec = timeout_sec
-    return _CONTEXT
 
 
 def find_kernel(module: str, name: str) -> Any:
@@ -43,10 +38,75 @@ def find_kernel(module: str, name: str) -> Any:
     raise LookupError(f"module {module} declares no kernel named {name!r}")
 
 
+@dataclass(frozen=True)
+class TileIR:
+    """cuTile's front-end output for one (kernel, config, signature, arch): the TileIR bytecode
+    with debug locations removed (so no path or line number is in it) and its digest."""
+    bytecode: bytes
+    digest: str
+    preview_features: tuple[str, ...]
+    linker_inputs: tuple[Any, ...]
+    links_libraries: bool
+
+
+@functools.lru_cache(maxsize=1)
+def _bytecode_version() -> Any:
+    """The newest TileIR bytecode version tileiras takes (asks tileiras once per process)."""
+    from cuda.tile._compile import _get_max_supported_bytecode_version
+    with tempfile.TemporaryDirectory() as tmp:
+        return _get_max_supported_bytecode_version(tmp)
+
+
+def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
+    """Run cuTile's front end (what ``compile_tile`` does before tileiras), anonymized.
+
+    Debug info carries the kernel file's absolute path and line numbers; anonymizing it makes
+    the bytecode, and so the CUBIN, the same from any checkout path, and makes the digest a
+    check of the kernel fingerprint: equal fingerprints must give equal bytecode."""
+    from cuda.tile._compile import _compiler_lock, _get_bytecode, _IrKeeper
+    from cuda.tile._passes.ast2hir import HirMode, get_function_hir
+    from .toolchain import compile_environment
+
+    ann = kernel.kernel._annotated_function
+    signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
+    with _compiler_lock, compile_environment():
+        version = _bytecode_version()
+        keeper = _IrKeeper(ann_func=ann,
+                           func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
+                           signatures=[signature], bytecode_version=version, sm_arch=arch,
+                           log_cutile_ir=False, keep_all=False)
+        result = _get_bytecode(keeper, kernel.compiler_options(cfg), anonymize_debug_info=True)
+    bytecode = bytes(result.bytecode)
+    return TileIR(bytecode, xxhash.xxh3_128_hexdigest(bytecode), result.preview_features,
+                  result.linker_inputs, bool(result.library_lifecycle_providers))
+
+
+def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) -> bytes:
+    """Compile front-end output to a CUBIN with tileiras, in the cleaned compile env."""
+    from cuda.tile._compile import _compiler_lock, compile_cubin
+    from cuda.tile import TileCompilerExecutionError
+    from .toolchain import TOOLKIT_ENV_VARS, compile_environment
+
+    with _compiler_lock, compile_environment(), tempfile.TemporaryDirectory(
+            prefix="ctbuild-") as tmp:
+        source = Path(tmp) / "kernel.bytecode"
+        source.write_bytes(ir.bytecode)
+        try:
+            cubin = compile_cubin(str(source), options, arch, timeout_sec=timeout_sec,
+                                  preview_features=ir.preview_features,
+                                  linker_inputs=tuple(p for p, _ in ir.linker_inputs))
+        except TileCompilerExecutionError as exc:
+            if (passed := [f"{v}={os.environ[v]}" for v in TOOLKIT_ENV_VARS if v in os.environ]):
+                raise RuntimeError(f"{exc} (tileiras ran with {', '.join(passed)}, which "
+                                   "selects the ptxas/libnvvm it uses; unset it)") from None
+            raise
+        return cubin.read_bytes()
+
+
 def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dict[str, Any]:
     """Compile ``job`` (a `CompileJob` as JSON): cubin, symbol, seconds, and the entry's
-    ``meta`` (kernel, arch, config...: what ``ctbuild cache ls/rm/export`` select on)."""
-    from cuda.tile._compile import compile_tile
+    ``meta`` (kernel, arch, config...: what ``ctbuild cache ls/rm/export`` select on, and
+    ``tileir``: the digest of the anonymized TileIR bytecode the CUBIN was built from)."""
     from .plan import job_and_signature
     from .toolchain import probe
 
@@ -63,15 +123,16 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
             f"planned kernel {job['kernel_fp'][:12]}); install the same cuda-tile/tileiras and "
             "sources on every worker")
     start = time.perf_counter()
-    result = compile_tile(kernel.kernel._annotated_function, (signature,), job["arch"],
-                          kernel.compiler_options(cfg), _context(timeout_sec))
-    seconds = time.perf_counter() - start
-    if not result.cubin:
-        raise RuntimeError(f"{job['kernel']} {cfg!r}: tileiras produced an empty CUBIN")
-    if result.library_lifecycle_providers:
+    ir = tileir(kernel, cfg, signature, job["arch"])
+    if ir.links_libraries:
         raise RuntimeError(f"{job['kernel']}: links cuTile library modules, which ctbuild "
                            "cannot serve from its cache yet")
+    cubin = _tileiras(ir, kernel.compiler_options(cfg), job["arch"], timeout_sec)
+    seconds = time.perf_counter() - start
+    if not cubin:
+        raise RuntimeError(f"{job['kernel']} {cfg!r}: tileiras produced an empty CUBIN")
     meta = {f: job[f] for f in ("kernel", "module", "kernel_fp", "arch", "config", "workload")}
-    meta.update(toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4))
-    return {"cubin": bytes(result.cubin), "symbol": result.kernel_signatures[0].symbol,
-            "seconds": seconds, "toolchain": toolchain.fingerprint, "meta": meta}
+    meta.update(toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4),
+                tileir=ir.digest)
+    return {"cubin": cubin, "symbol": mine.symbol, "seconds": seconds,
+            "toolchain": toolchain.fingerprint, "meta": meta}

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import cuda.tile as ct
 
 from .arch import Arch
-from .fingerprint import kernel_fingerprint
+from .fingerprint import FingerprintError, kernel_fingerprint
 from .keys import key as default_key_fn, resolve_hints
 from .space import (HINT_NAMES, Config, Space, UnknownAxisError, as_space, call_constraint,
                     cap_configs)
@@ -104,6 +104,7 @@ class TunedKernel:
         if default is not None and not callable(default):
             self._check_default(Config(default, self.name))
         self._fingerprint: str | None = None
+        self._constant_args: frozenset[str] | None = None
         self._runtime: Any = None
 
     # ---- naming and errors -------------------------------------------------------------
@@ -116,7 +117,10 @@ class TunedKernel:
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = kernel_fingerprint(self.kernel)
+            try:
+                self._fingerprint = kernel_fingerprint(self.kernel)
+            except FingerprintError as exc:
+                raise self.error(str(exc)) from None
         return self._fingerprint
 
     # ---- workloads and configs ---------------------------------------------------------
@@ -202,9 +206,31 @@ class TunedKernel:
     def resolved_hints(self, cfg: Config, arch: str) -> dict[str, Any]:
         return resolve_hints(self.compiler_options(cfg).hints_by_target(), arch)
 
+    def constant_args(self, w: Workload | None = None) -> frozenset[str]:
+        """The call arguments whose value is compiled in: bound to a ``ct.Constant`` parameter
+        by name, or passed to one by ``args=`` (``w.eps`` into ``EPS: ct.Constant[float]``).
+
+        With ``args=``, found once by evaluating it on the first declared workload (else on
+        ``w``) and matching each constant parameter's value to the call argument it is."""
+        if self._constant_args is not None:
+            return self._constant_args
+        names = {p for p in self.params if p in self._constant_params}
+        probe = self.workloads[0] if self.workloads else w
+        if self.args_fn is not None and probe is not None:
+            try:
+                values = self.kernel_args(self.default_config(probe), probe)
+            except Exception:  # the planner reports a bad args= with its context
+                return frozenset(names)
+            for param, value in zip(self.kernel_params, values):
+                if param in self._constant_params:
+                    names |= {n for n, arg in probe.items()
+                              if arg is value and isinstance(arg, (bool, int, float))}
+        self._constant_args = frozenset(names)
+        return self._constant_args
+
     def tuning_key(self, w: Workload) -> list:
         """JSON-able tuning key: the key function's value plus every constant argument."""
-        consts = [w.args[p] for p in self.params if p in self._constant_params]
+        consts = [w.args[p] for p in self.params if p in self.constant_args(w)]
         return [list(_jsonable(self.key_fn(w))), consts]
 
     # ---- launching (the runtime is imported on first use only) ----------------------------
@@ -235,6 +261,22 @@ def _jsonable(value: Any) -> Any:
 
 
 _REGISTRY: dict[str, TunedKernel] = {}
+
+
+def _where(tuned: TunedKernel) -> str:
+    code = tuned.pyfunc.__code__
+    return f"{tuned.module}.{tuned.pyfunc.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _is_duplicate(existing: TunedKernel, new: TunedKernel) -> bool:
+    """Two declarations under one name: in two modules, or twice in one run of a module.
+    A module imported afresh (a new module object) re-declares its kernels: not a duplicate."""
+    if existing.module != new.module:
+        return True
+    if existing.pyfunc.__globals__ is not new.pyfunc.__globals__:
+        return False
+    old, cur = existing.pyfunc.__code__, new.pyfunc.__code__
+    return (old.co_filename, old.co_firstlineno) != (cur.co_filename, cur.co_firstlineno)
 _RUNTIME_LOCK = threading.Lock()
 
 
@@ -279,9 +321,9 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
                             default=default, workloads=workloads, restore=restore,
                             reset_to_zero=reset_to_zero, params=params, cap=cap, name=name)
         existing = _REGISTRY.get(tuned.name)
-        if existing is not None and existing.module != tuned.module:
-            raise tuned.error(f"another kernel named {tuned.name!r} is declared in "
-                              f"{existing.module}; pass name= to tell them apart")
+        if existing is not None and _is_duplicate(existing, tuned):
+            raise tuned.error(f"declared twice: at {_where(existing)} and at {_where(tuned)}; "
+                              "pass name= to tell them apart")
         _REGISTRY[tuned.name] = tuned
         return tuned
     return wrap

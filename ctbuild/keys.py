@@ -2,6 +2,10 @@
 
 Compile key = kernel fingerprint + toolchain fingerprint + signature + resolved hints + opt
 level + sm arch. Nothing path- or host-dependent goes in, so a build at /build serves /app.
+
+`kernel_compile_key` and `kernel_record_key` are the one derivation of each key from a declared
+kernel: the planner, the farm worker, the tuner and the runtime all call them, so what is built
+and what is looked up cannot drift apart.
 """
 from __future__ import annotations
 
@@ -40,6 +44,21 @@ def tuning_record_key(*, kernel_fp: str, tuning_key: Any, arch: str, gpu: str,
     """Where the winner for one (kernel, tuning key, GPU, toolchain) is recorded."""
     return digest({"v": KEY_FORMAT, "kernel": kernel_fp, "key": tuning_key, "arch": arch,
                    "gpu": gpu, "toolchain": toolchain_fp})
+
+
+def kernel_compile_key(tuned: Any, cfg: Any, signature: Any, arch: str, toolchain_fp: str
+                       ) -> str:
+    """The compile key of one config of a declared kernel for a cuTile `KernelSignature`."""
+    from .signature import signature_text
+    return compile_key(kernel_fp=tuned.fingerprint, toolchain_fp=toolchain_fp,
+                       signature=signature_text(signature),
+                       hints=tuned.resolved_hints(cfg, arch), arch=str(arch))
+
+
+def kernel_record_key(tuned: Any, w: Any, arch: str, gpu: str, toolchain_fp: str) -> str:
+    """Where the winner of a declared kernel for workload ``w`` on one GPU is recorded."""
+    return tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuned.tuning_key(w),
+                             arch=str(arch), gpu=gpu, toolchain_fp=toolchain_fp)
 
 
 def pow2(n: int) -> int:

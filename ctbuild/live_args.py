@@ -84,7 +84,7 @@ def workload_spec(tuned: Any, w: Workload) -> Workload:
     """The call's workload as specs, the way `ctbuild precompile --from-record` will plan it.
 
     Arguments bound to ``ct.Constant`` parameters keep their value (it is in the key)."""
-    consts = getattr(tuned, "_constant_params", set())
+    consts = tuned.constant_args(w)
     return Workload({name: _spec(v, name in consts) for name, v in w.items()})
 
 

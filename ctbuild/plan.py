@@ -10,8 +10,8 @@ from typing import Any, Sequence
 
 from .arch import Arch
 from .declare import DEFAULT_CAP, DeclarationError, TunedKernel
-from .keys import compile_key
-from .signature import SignatureError, derive_signature, signature_text
+from .keys import kernel_compile_key
+from .signature import SignatureError, derive_signature
 from .space import Config, UnknownAxisError
 from .specs import Workload, describe, spec_to_json
 
@@ -80,14 +80,13 @@ def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
     """`job_for`, plus the `KernelSignature` it was keyed on (what a compile needs)."""
     try:
         signature = derive_signature(kernel.kernel, kernel.kernel_args(cfg, w))
-        hints = kernel.resolved_hints(cfg, arch)
+        kernel.resolved_hints(cfg, arch)
         kernel.grid(cfg, w)
     except UnknownAxisError as exc:
         raise kernel.error(str(exc).split(": ", 1)[-1]) from None
     except (SignatureError, TypeError, ValueError) as exc:
         raise kernel.error(f"config {cfg!r} on {describe(w)}: {exc}") from None
-    key = compile_key(kernel_fp=kernel.fingerprint, toolchain_fp=toolchain_fp,
-                      signature=signature_text(signature), hints=hints, arch=arch)
+    key = kernel_compile_key(kernel, cfg, signature, arch, toolchain_fp)
     return CompileJob(key=key, kernel=kernel.name, module=kernel.module,
                       kernel_fp=kernel.fingerprint, arch=str(arch), config=cfg.to_json(),
                       workload={n: spec_to_json(v) for n, v in w.items()},

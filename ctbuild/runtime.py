@@ -29,7 +29,7 @@ from typing import Any
 import cuda.tile as ct
 
 from .arch import Arch
-from .keys import tuning_record_key
+from .keys import kernel_record_key
 from .live_args import device_of, make_key_fn, workload_spec
 from .miss_policy import (CacheMissError, RuntimeConfigError, cubin_miss_message,
                           tuning_miss_message, workload_json)
@@ -387,8 +387,7 @@ class KernelRuntime:
         known = self._winners.get(memo_key)
         record_key = None
         if ctx.toolchain_fp is not None:
-            record_key = tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tk,
-                                           arch=arch, gpu=gpu, toolchain_fp=ctx.toolchain_fp)
+            record_key = kernel_record_key(tuned, w, arch, gpu, ctx.toolchain_fp)
         if known is not None:
             return known[0], known[1] if known[1] != "cache" else "memory", record_key
         record = ctx.store.get_tuning(record_key) if (

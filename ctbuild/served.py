@@ -16,8 +16,7 @@ from typing import Any, Callable
 
 import cuda.tile as ct
 
-from .keys import compile_key
-from .signature import signature_text
+from .keys import kernel_compile_key
 from .space import Config
 
 log = logging.getLogger("ctbuild")
@@ -76,9 +75,7 @@ class CubinSource:
     on_miss: MissHandler | None = None
 
     def key_for(self, tuned: Any, cfg: Config, signature: Any, arch: str) -> str:
-        return compile_key(kernel_fp=tuned.fingerprint, toolchain_fp=self.toolchain_fp or "",
-                           signature=signature_text(signature),
-                           hints=tuned.resolved_hints(cfg, arch), arch=arch)
+        return kernel_compile_key(tuned, cfg, signature, arch, self.toolchain_fp or "")
 
     def lookup(self, tuned: Any, cfg: Config, signature: Any, arch: str
                ) -> tuple[bytes, str] | None:

@@ -21,7 +21,16 @@ Rules of the cuTile 1.7.0 dispatcher (found by probing it; each one was a parity
   of shape / stride constants when given (no size-1 or unit-stride inference on the other dims),
   they apply at every rank, negative dims count from the end, out-of-range or duplicate dims are
   errors. A constant dim has divisibility 1 and no stride lower bound.
-- ``stride_lower_bound_incl`` is 0 on every non-constant dim, even for a negative stride.
+- ``stride_lower_bound_incl`` is 0 on every non-constant dim, even for a negative stride. A
+  negative stride on a ``static_stride_dims`` dim is refused by the dispatcher (its lower bound
+  would be below 0), so it is refused here, at plan time, not planned as a CUBIN that can never
+  launch.
+- Strides reach the dispatcher in bytes as C ``long``: a stride whose byte size falls outside
+  int64 is refused (``OverflowError`` there, `SignatureError` here).
+- Implicit strides: torch tensors reach the dispatcher through DLPack with torch's own strides
+  (a size-0 dim counts as 1, so ``(4, 0, 16)`` has strides ``(16, 16, 1)``), and a `Tensor` spec
+  without strides means exactly those. An ``__cuda_array_interface__`` array without strides gets
+  plain products instead (``(0, 16, 1)``); specs of such arrays must give their strides.
 - Leaf annotations reach into tuple values: ``ct.ScalarInt64`` on a tuple param makes its int
   items int64, ``ct.IndexedWithInt64`` its arrays int64, ``ct.Constant`` makes every item (nested
   tuples too) a constant. An ``ArrayAnnotation`` on a list param is ignored; a list's arrays take
@@ -108,6 +117,14 @@ def array_constraint(spec: Tensor, annotation: Any, calling_convention: CallingC
         static_shape = _static_dims(annotation.static_shape_dims, spec.ndim, "static_shape_dims")
         static_stride = _static_dims(annotation.static_stride_dims, spec.ndim,
                                      "static_stride_dims")
+    itemsize = max(bits // 8, 1)
+    for i, st in enumerate(spec.strides):
+        if not _INT64[0] <= st * itemsize <= _INT64[1]:
+            raise SignatureError(f"stride {st} of dim {i} is {st * itemsize} bytes, beyond the "
+                                 "int64 range cuTile's launch accepts")
+        if static_stride is not None and i in static_stride and st < 0:
+            raise SignatureError(f"dim {i} is in static_stride_dims but its stride is {st}: "
+                                 "cuTile refuses a negative static stride at launch")
     specialize = spec.ndim <= MAX_SPECIALIZED_NDIM
     v2 = calling_convention.version >= 2
     if static_shape is not None and not v2:

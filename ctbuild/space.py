@@ -154,7 +154,11 @@ def as_space(space: Space | Sequence[Mapping[str, Any]] | Mapping[str, Sequence[
     if isinstance(space, Space):
         return space
     if isinstance(space, Mapping):
-        return Product(**space)
+        if "where" in space:  # Product's keyword for the constraint, never an axis
+            raise ValueError("an axis cannot be named 'where'; to constrain a space use "
+                             "Product(..., where=...)")
+        axes: dict[str, Any] = dict(space)
+        return Product(**axes)
     return Configs(space)
 
 

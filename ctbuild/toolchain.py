@@ -10,6 +10,7 @@ fingerprint recorded in the cache by the build whose cuda-tile version and relev
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -17,7 +18,7 @@ import platform
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import xxhash
 
@@ -29,6 +30,9 @@ NEUTRAL_ENV_VARS = ("CUDA_TILE_CACHE_DIR", "CUDA_TILE_CACHE_SIZE", "CUDA_TILE_TE
                     "CUDA_TILE_COMPILER_TIMEOUT_SEC", "CUDA_TILE_LOGS", "CUDA_TILE_DUMP_TILEIR",
                     "CUDA_TILE_DUMP_BYTECODE", "CUDA_TILE_ENABLE_CRASH_DUMP")
 _ENV_PREFIXES = ("CUDA_TILE_", "EXPERIMENTAL_CUDA_TILE")
+#: Env vars tileiras reads to find ptxas and libnvvm (from its own strings): any of them can
+#: swap the compiler behind an unchanged ``tileiras --version``.
+TOOLKIT_ENV_VARS = ("CUDA_ROOT", "CUDA_HOME", "CUDA_PATH")
 
 
 class ToolchainError(RuntimeError):
@@ -44,6 +48,30 @@ def key_env() -> dict[str, str]:
             f"unclassified cuTile env var(s) {', '.join(unknown)}: ctbuild cannot tell whether "
             "they change the compiled code; unset them, or report them so they get classified")
     return {k: os.environ[k] for k in KEY_ENV_VARS if k in os.environ}
+
+
+def stripped_env_vars() -> tuple[str, ...]:
+    """The toolkit variables ctbuild removes from every compile's environment.
+
+    The pip tileiras uses the ptxas/libnvvm installed beside it, so all of them go. A system
+    tileiras (one found on PATH or under $CUDA_HOME) is meant to use $CUDA_HOME's: that one
+    stays, and the probe fingerprints the ptxas/libnvvm it points to."""
+    try:
+        _, uses_home = find_tileiras()
+    except ToolchainError:
+        uses_home = False
+    return tuple(v for v in TOOLKIT_ENV_VARS if not (uses_home and v == "CUDA_HOME"))
+
+
+@contextlib.contextmanager
+def compile_environment() -> Iterator[None]:
+    """Run a compile with `stripped_env_vars` unset (cuTile hands tileiras ``os.environ``).
+    Callers hold cuTile's compiler lock, so no other compile sees the env in between."""
+    saved = {v: os.environ.pop(v) for v in stripped_env_vars() if v in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def cutile_version() -> str:
@@ -135,7 +163,7 @@ def probe() -> Toolchain:
             raise ToolchainError(f"{what} not found at {path} (tileiras at {tileiras} needs it)")
     if (problem := cuda_home_problem()):
         raise ToolchainError(problem)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, compile_environment():
         bytecode = _get_max_supported_bytecode_version(tmp)
     profile = {
         "cuda_tile": cutile_version(),

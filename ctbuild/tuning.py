@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .arch import Arch
 from .compile_pool import CompilePool
 from .declare import DEFAULT_CAP, TunedKernel
-from .keys import tuning_record_key
+from .keys import kernel_record_key
 from .plan import job_for
 from .space import Config
 from .specs import Workload, spec_to_json
@@ -85,8 +85,7 @@ def toolchain_for(store: Any) -> str:
 
 def record_key(tuned: TunedKernel, w: Mapping[str, Any], device: Device, toolchain_fp: str
                ) -> str:
-    return tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuned.tuning_key(
-        Workload(dict(w))), arch=device.arch, gpu=device.name, toolchain_fp=toolchain_fp)
+    return kernel_record_key(tuned, Workload(dict(w)), device.arch, device.name, toolchain_fp)
 
 
 # ---- counting compiles -------------------------------------------------------------------

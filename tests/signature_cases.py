@@ -254,6 +254,12 @@ def _error_cases() -> list[Case]:
              expect_error=True),
         Case("err-static-rank", "k_static", (x, x, Tensor((), "float32")), expect_error=True),
         Case("err-none", "k_one", (None,), expect_error=True),
+        Case("err-negative-static-stride", "k_stride_only",
+             (Tensor((16, 16), "float32", (16, -1)), 3), expect_error=True),
+        Case("err-stride-beyond-range", "k_one", (Tensor((2, 16), "float32", (2**61, 1)),),
+             expect_error=True),
+        Case("err-negative-stride-beyond-range", "k_one",
+             (Tensor((2, 16), "float32", (-2**61 - 1, 1)),), expect_error=True),
     ]
 
 
@@ -269,6 +275,14 @@ def _fixed_cases() -> list[Case]:
                                              Tensor((2, 2, 2, 2, 2, 16), f16))),
         Case("fixed-0d", "k_one", (Tensor((), "float32"),)),
         Case("fixed-zero-size", "k_one", (Tensor((0, 16), "float32"),)),
+        Case("fixed-zero-size-mid-torch", "k_one", (Tensor((4, 0, 16), "float32"),)),
+        Case("fixed-zero-size-mid-cai", "k_one", (Tensor((4, 0, 16), "float32", (0, 16, 1)),)),
+        Case("fixed-zero-size-both-cai", "k_two", (Tensor((0, 3), "float32", (0, 1)),
+                                                  Tensor((3, 0, 2), "float32", (0, 2, 1)), 1)),
+        Case("fixed-stride-near-range", "k_one", (Tensor((2, 16), "float32", (2**61 - 1, 1)),),
+             torch_ok=False),
+        Case("fixed-negative-stride-static-kernel", "k_stride_only",
+             (Tensor((16, 16), "float32", (-16, 1)), 3), torch_ok=False),
         Case("fixed-empty-tuple", "k_tuple", (Tensor((16,), "float32"), ())),
         Case("fixed-const-tuple", "k_leaf_on_tuple", ((1,), (Tensor((16,), f16),), (1, (2.0, True)))),
         Case("fixed-static-size1", "k_static", (Tensor((16, 1, 4), f16), Tensor((1, 8), f16),
@@ -320,6 +334,16 @@ def runtime_args(args: tuple[Any, ...], make_array: Callable[[Tensor, int], Any]
             return tuple(conv(x) for x in a)
         return a
     return tuple(conv(a) for a in args)
+
+
+def cai_implicit_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides the dispatcher assumes for a CAI array given without strides: plain products
+    (a size-0 dim zeroes the strides before it, where torch would count it as 1)."""
+    strides, acc = [], 1
+    for dim in reversed(shape):
+        strides.append(acc)
+        acc *= dim
+    return tuple(reversed(strides))
 
 
 def fake_pointer(spec: Tensor, slot: int) -> int:

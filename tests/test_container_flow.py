@@ -260,7 +260,8 @@ def test_build_and_runtime_stages_outside_docker(tmp_path: Path) -> None:
     stats = json.loads(_run([str(build_bin / "ctbuild"), "cache", "stats", "--cache", str(cache),
                              "--json"], cwd=src, env=env).stdout)
     assert plan["toolchain"] != "unprobed"
-    assert stats["compile_entries"] == stats["blobs"] == plan["jobs"] > 0
+    # configs whose hints tileiras ignores give byte-identical CUBINs: one blob serves them all
+    assert stats["compile_entries"] == plan["jobs"] >= stats["blobs"] > 0
     assert stats["toolchains"] == 1
 
     # a rebuild with a bundle in examples/bundles imports it and compiles nothing

@@ -108,3 +108,38 @@ def test_helper_through_module_attribute(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("helpmod", None)
+
+
+def test_library_modules_by_exact_package_name() -> None:
+    from ctbuild.fingerprint import is_library_module
+    for lib in ("math", "torch", "torch.nn.functional", "cuda.tile", "cuda.tile._ir", "numpy",
+                "typing", "functools"):
+        assert is_library_module(lib), lib
+    for mine in ("mathx", "math_utils", "torchops", "numpyish", "typing_helpers", "cudax",
+                 "myproj.math", "kernels.torch"):
+        assert not is_library_module(mine), mine
+
+
+def test_unstable_value_is_refused(tmp_path: Path) -> None:
+    """A value whose text carries an address cannot be fingerprinted: refused, not skipped."""
+    from ctbuild.fingerprint import FingerprintError
+    src = BASE.replace("SCALE = 2.0", "class Opaque:\n    pass\n\n\nSCALE = Opaque()")
+    with pytest.raises(FingerprintError, match="SCALE"):
+        fp(tmp_path, src)
+
+
+def test_stable_repr_object_is_fingerprinted(tmp_path: Path) -> None:
+    src = ("from dataclasses import dataclass\n\n\n@dataclass(frozen=True)\nclass Cfg:\n"
+           "    s: float\n\n\n" + BASE.replace("SCALE = 2.0", "SCALE = Cfg(2.0)")
+           .replace("t * SCALE", "t * SCALE.s"))
+    assert fp(tmp_path, src) != fp(tmp_path, src.replace("Cfg(2.0)", "Cfg(3.0)"))
+
+
+@pytest.mark.parametrize("old,new", [
+    ("@ct.kernel\ndef kern", "@ct.kernel()\ndef kern"),
+    ("def helper(t):\n", "def helper(t):\n    \"\"\"A docstring.\"\"\"\n"),
+])
+def test_decorators_and_docstrings_do_not_count(tmp_path: Path, base_fp: str, old: str,
+                                                new: str) -> None:
+    assert old in BASE
+    assert fp(tmp_path, BASE.replace(old, new)) == base_fp

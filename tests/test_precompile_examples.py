@@ -42,6 +42,15 @@ def test_examples_clean_then_incremental(tmp_path):
         assert profile["cuda_tile"] == "1.7.0" and profile["created"]
         assert out["toolchain"] in store.toolchains()
 
+    # every entry's key still maps to the TileIR it was built from (no fingerprint hole)
+    identity = __import__("subprocess").run(
+        [sys.executable, "-m", "ctbuild", "cache", "verify", "--identity", "--config",
+         str(ROOT / "examples/ctbuild.toml"), "--cache", str(cache), "--json"],
+        capture_output=True, text=True, cwd=ROOT)
+    assert identity.returncode == 0, explain(identity)
+    checked = json.loads(identity.stdout)
+    assert checked["checked"] == out["jobs"] and checked["mismatches"] == []
+
     proc, second_s, again = precompile(*args)
     assert proc.returncode == 0, explain(proc)
     assert again["compiled"] == 0 and again["cached"] == out["jobs"] and again["failed"] == 0

@@ -5,7 +5,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import cuda.tile as ct  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
+
+import ctbuild  # noqa: E402
+from ctbuild import Product  # noqa: E402
 
 from ctbuild.keys import tuning_record_key  # noqa: E402
 from ctbuild.live_args import align_of, spec_of, token, workload_spec  # noqa: E402
@@ -61,12 +65,21 @@ def test_align_of() -> None:
     assert align_of(2) == 2 and align_of(3) == 1
 
 
+@ctbuild.autotune(space=Product(occupancy=[1]), grid=lambda cfg, w: (1,),
+                  default={"occupancy": 1})
+@ct.kernel
+def scaled(X, OUT, factor, TILE: ct.Constant[int]):
+    x = ct.load(X, index=(0,), shape=(TILE,))
+    ct.store(OUT, index=(0,), tile=x * factor)
+
+
 def test_constant_args_keep_their_value_in_records() -> None:
-    tuned = KERNELS["silu_mul"]
-    import ctbuild
-    w = Workload({"X": torch.zeros(16), "Y": torch.zeros(16), "OUT": torch.zeros(16)})
-    assert set(workload_spec(tuned, w)) == {"X", "Y", "OUT"}
-    assert isinstance(ctbuild, object)
+    """A caller-passed ``ct.Constant`` argument keeps its value in the spec (it is part of the
+    compile key); a plain scalar argument becomes a `Scalar` of its type."""
+    w = Workload({"X": torch.zeros(16), "OUT": torch.zeros(16), "factor": 3, "TILE": 16})
+    spec = workload_spec(scaled, w)
+    assert spec["TILE"] == 16 and spec_to_json(spec["TILE"]) == 16
+    assert spec["factor"] == Scalar("int32", 3)
 
 
 def test_tokens_distinguish_what_the_key_and_signature_see() -> None:

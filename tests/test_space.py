@@ -7,7 +7,7 @@ import pytest
 import ctbuild
 from ctbuild import Arch, Config, Configs, Product, Tensor, Workload, Zip
 from ctbuild.declare import DeclarationError
-from ctbuild.space import cap_configs
+from ctbuild.space import as_space, cap_configs
 
 W = Workload({"X": Tensor((4096, 256), "float16")})
 
@@ -27,6 +27,12 @@ def test_zip_lengths_must_match() -> None:
 def test_axis_twice_is_an_error() -> None:
     with pytest.raises(ValueError, match="appears twice"):
         Product(Zip(TM=[64]), TM=[128])
+
+
+def test_dict_space_refuses_an_axis_named_where() -> None:
+    with pytest.raises(ValueError, match="'where'"):
+        as_space({"TM": [64], "where": [1, 2]})
+    assert as_space({"TM": [64, 128]}).axes() == ("TM",)
 
 
 def test_config_attribute_and_item_access() -> None:

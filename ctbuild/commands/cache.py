@@ -1,7 +1,8 @@
 """``ctbuild cache ...``: the cache's own CLI (in the `cache` package), wired in here.
 
 The `cache` package knows nothing of ctbuild's config files, so this wrapper tells it the
-cache_dir of the project config found in the current directory, if any.
+cache_dir of the project config found in the current directory, if any. It also adds
+``verify --identity``, which needs the project's kernels and cuTile (see `ctbuild.identity`).
 """
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     from cache.cli import add_cache_parser
     add_cache_parser(sub)
     sub.choices[name].set_defaults(run=run)
+    from .identity import add_identity_args
+    add_identity_args(sub.choices[name])
 
 
 def run(args: argparse.Namespace) -> int:
     from cache.cli import run_cache_command
+    if getattr(args, "identity", False):
+        from .identity import run_identity
+        return run_identity(args)
     try:
         args.config_cache_dir = str(load_project().cache_dir)
     except ConfigError:

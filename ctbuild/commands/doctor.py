@@ -9,13 +9,15 @@ from typing import Any
 
 from ..config import ConfigError, load_project
 from ..toolchain import (ToolchainError, cuda_home_problem, cutile_version, find_tileiras,
-                         probe, select_recorded)
+                         probe, select_recorded, stripped_env_vars)
 from .common import print_json
 
 EPILOG = """\
 exit status: 0 when the machine can do its job, 1 otherwise (each problem is printed).
   build machine (default): tileiras works, CUDA_HOME does not break it, the cache is writable;
-    a GPU is reported, never required.
+    a GPU is reported, never required. CUDA_ROOT/CUDA_HOME/CUDA_PATH that ctbuild removes from
+    every compile's environment (they would make tileiras use another ptxas/libnvvm) are
+    reported as stripped, not as problems.
   serving node (--serving): no compiler needed; the cache exists, holds a toolchain profile
     matching this cuda-tile and env, and a GPU is visible.
 """
@@ -98,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if (problem := cuda_home_problem()):
         report["problems"].append(problem)
     report["cuda_home"] = os.environ.get("CUDA_HOME")
+    report["stripped_env"] = {v: os.environ[v] for v in stripped_env_vars() if v in os.environ}
     report["gpu"] = _gpu()
     cache = _cache_dir(args)
     ok, why = _writable(cache)
@@ -120,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"bytecode       {t['bytecode_version']}")
             print(f"fingerprint    {t['fingerprint']}")
         print(f"CUDA_HOME      {report['cuda_home'] or '(unset)'}")
+        for var, value in report["stripped_env"].items():
+            print(f"{var:<14} {value} (stripped from compiles: tileiras uses the ptxas/libnvvm "
+                  "beside it)")
         gpu = report["gpu"]
         print(f"GPU            {gpu['arch'] if gpu['visible'] else 'none (' + gpu['reason'] + ')'}")
         print(f"cache          {cache} ({why})")

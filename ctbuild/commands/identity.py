@@ -1,0 +1,43 @@
+"""``ctbuild cache verify --identity``: re-run cuTile's front end for cached entries."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..toolchain import probe
+from .common import fail, guarded, print_json, project_from_args
+
+
+def add_identity_args(cache_parser: argparse.ArgumentParser) -> None:
+    """Add ``--identity`` (and the project ``--config`` it needs) to ``cache verify``."""
+    subs = next(a for a in cache_parser._actions if isinstance(a, argparse._SubParsersAction))
+    verify = subs.choices["verify"]
+    verify.add_argument("--identity", action="store_true",
+                        help="instead: re-run cuTile's front end for each entry of the project's "
+                             "kernels and check its TileIR digest matches the recorded one "
+                             "(exit 1 naming the kernel on a mismatch; needs tileiras)")
+    verify.add_argument("--config", metavar="PATH",
+                        help="with --identity: the project config (default: found in the "
+                             "current directory)")
+
+
+@guarded
+def run_identity(args: argparse.Namespace) -> int:
+    from cache import Store
+    from cache.cli import cache_dir
+    from ..identity import verify_identity
+
+    project = project_from_args(args)
+    args.config_cache_dir = str(project.cache_dir)
+    path = Path(cache_dir(args))
+    if not path.is_dir():
+        return fail(f"no cache at {path}: pass --cache DIR or set CTBUILD_CACHE_DIR")
+    kernels = project.kernels()
+    with Store(path) as store:
+        entries = list(store.compile_entries())
+    report = verify_identity(kernels, entries, probe().fingerprint)
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(report.text())
+    return 0 if report.ok else 1

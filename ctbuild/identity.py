@@ -1,0 +1,90 @@
+"""The identity check: does every compile key still mean the code it was built from?
+
+Every compile entry records the digest of the anonymized TileIR bytecode its CUBIN was built
+from. For each entry of a project kernel whose key this checkout still derives (same kernel
+fingerprint, same toolchain), the check re-runs cuTile's front end and compares digests. A
+mismatch means the fingerprint missed something the front end compiles (a hole in the key):
+the cache would serve a CUBIN of other code under a key that claims this code.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .compiler import tileir
+from .declare import TunedKernel
+from .plan import job_and_signature
+from .space import Config
+from .specs import Workload, spec_from_json
+
+
+@dataclass
+class IdentityReport:
+    """What the check found. ``mismatches`` name kernels whose key maps to other bytecode."""
+    checked: int = 0
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    stale: int = 0          # built from other sources: their keys are no longer derived
+    other_toolchain: int = 0
+    unrecorded: int = 0     # no digest recorded (a runtime JIT write-back)
+    foreign: int = 0        # kernels outside this project
+    frontend_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{k: v for k, v in self.__dict__.items()}, "ok": self.ok,
+                "frontend_seconds_per_entry": round(self.frontend_seconds / self.checked, 4)
+                if self.checked else None}
+
+    def text(self) -> str:
+        lines = [f"identity: {m['kernel']} config {m['config']} {m['arch']}: key {m['key'][:16]} "
+                 f"was built from TileIR {m['recorded'][:16]}, these sources give "
+                 f"{m['now'][:16]}; the kernel fingerprint misses something the compiled "
+                 "code depends on" for m in self.mismatches]
+        per = f" ({self.frontend_seconds / self.checked * 1000:.0f} ms front end each)" \
+            if self.checked else ""
+        lines.append(f"{self.checked} entries re-derived{per}, {len(self.mismatches)} mismatched; "
+                     f"skipped: {self.stale} from other sources, {self.other_toolchain} of another "
+                     f"toolchain, {self.unrecorded} without a recorded digest, {self.foreign} "
+                     "of kernels outside the project")
+        return "\n".join(lines)
+
+
+def verify_identity(kernels: Iterable[TunedKernel], entries: Iterable[tuple[str, dict]],
+                    toolchain_fp: str) -> IdentityReport:
+    """Re-run the front end for every entry (key, meta) this checkout derives under
+    ``toolchain_fp``, and compare its TileIR digest with the recorded one."""
+    by_name = {(k.module, k.name): k for k in kernels}
+    report = IdentityReport()
+    for key, meta in entries:
+        kernel = by_name.get((meta.get("module"), meta.get("kernel")))
+        if kernel is None:
+            report.foreign += 1
+            continue
+        if meta.get("toolchain") != toolchain_fp:
+            report.other_toolchain += 1
+            continue
+        if kernel.fingerprint != meta.get("kernel_fp") or "workload" not in meta:
+            report.stale += 1
+            continue
+        if not meta.get("tileir"):
+            report.unrecorded += 1
+            continue
+        cfg = Config(meta["config"], kernel.name)
+        w = Workload({n: spec_from_json(v) for n, v in meta["workload"].items()})
+        job, signature = job_and_signature(kernel, cfg, w, meta["arch"], toolchain_fp)
+        if job.key != key:  # same sources, another key: a config/hint the key derives anew
+            report.stale += 1
+            continue
+        start = time.perf_counter()
+        now = tileir(kernel, cfg, signature, meta["arch"]).digest
+        report.frontend_seconds += time.perf_counter() - start
+        report.checked += 1
+        if now != meta["tileir"]:
+            report.mismatches.append({"kernel": kernel.name, "module": kernel.module,
+                                      "config": cfg.to_json(), "arch": meta["arch"], "key": key,
+                                      "recorded": meta["tileir"], "now": now})
+    return report

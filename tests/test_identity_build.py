@@ -1,0 +1,204 @@
+"""Kernel identity through real builds: path-independent CUBINs, toolkit env vars stripped,
+the identity check, and declaration edits that keep every CUBIN and tuning record."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
+from cli_helpers import ROOT, explain, precompile  # noqa: E402
+
+from cache import Store  # noqa: E402
+
+FIXTURE = Path(__file__).parent / "fixtures" / "identity_project"
+WORKLOAD = '{"X": Tensor((1024,), "float32"), "OUT": Tensor((1024,), "float32")}'
+FP16 = WORKLOAD.replace("float32", "float16")
+
+#: Run inside a project: record a winner for idk's workload 0 (as `ctbuild tune` would),
+#: resolve a call of it on the CPU as the runtime does, or miss add_eps with an eps no build saw.
+RUNTIME = r'''
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[2])
+from cache import Store
+from ctbuild.config import load_project
+from ctbuild.keys import kernel_record_key
+from ctbuild.plan import job_for
+from ctbuild.runtime import CacheMissError
+from ctbuild.space import Config
+kernels = {k.name: k for k in load_project(sys.argv[2] + "/ctbuild.toml").kernels()}
+tc = next(iter(Store(sys.argv[3]).toolchains()))
+idk, add_eps = kernels["idk"], kernels["add_eps"]
+w = idk.workloads[0]
+x = torch.zeros(1024)
+if sys.argv[1] == "record":
+    cfg = Config({"TILE": 128}, idk.name)
+    Store(sys.argv[3]).put_tuning(kernel_record_key(idk, w, "sm_90", "H200", tc), {
+        "kernel": idk.name, "arch": "sm_90", "compile_key": job_for(idk, cfg, w, "sm_90", tc).key,
+        "config": cfg.to_json()})
+elif sys.argv[1] == "resolve":
+    res = idk.runtime.resolve((x, x.clone()), arch="sm_90", gpu="H200")
+    print(json.dumps({"config": res.config.to_json(), "config_from": res.config_from,
+                      "cubin_from": res.cubin_from}))
+else:
+    y = torch.zeros(64, 256)
+    try:
+        add_eps.runtime.resolve((y, y.clone(), 1e-6), arch="sm_90", gpu="H200")
+    except CacheMissError:
+        print("miss")
+'''
+
+
+def _copy(dest: Path) -> Path:
+    shutil.copytree(FIXTURE, dest)
+    return dest / "ctbuild.toml"
+
+
+def _build(config: Path, cache: Path, env: dict | None = None) -> dict:
+    proc, _, out = precompile("--config", str(config), "--cache", str(cache), "--json",
+                              "--workers", "1", env=env)
+    assert proc.returncode == 0, explain(proc)
+    return out
+
+
+def _entries(cache: Path) -> dict[str, dict]:
+    with Store(cache) as store:
+        return dict(store.compile_entries())
+
+
+def _verify_identity(config: Path, cache: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ctbuild", "cache", "verify", "--identity",
+                           "--config", str(config), "--cache", str(cache), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def _runtime(action: str, project: Path, cache: Path, **env: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", RUNTIME, action, str(project), str(cache)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "CTBUILD_CACHE_DIR": str(cache),
+                               "CTBUILD_MODE": "strict", **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The fixture built from two checkout paths, one of them with a bogus CUDA_ROOT."""
+    tmp = tmp_path_factory.mktemp("builds")
+    a, b = _copy(tmp / "src"), _copy(tmp / "build" / "a" / "much" / "longer" / "path")
+    out_a = _build(a, tmp / "cache-a", env={"CUDA_ROOT": "/nonexistent", "CUDA_PATH": "/x"})
+    out_b = _build(b, tmp / "cache-b")
+    return {"a": (a, tmp / "cache-a", out_a), "b": (b, tmp / "cache-b", out_b)}
+
+
+def test_two_checkout_paths_give_byte_identical_cubins(two_builds: dict) -> None:
+    (_, cache_a, out_a), (_, cache_b, out_b) = two_builds["a"], two_builds["b"]
+    assert out_a["compiled"] == out_b["compiled"] == out_a["jobs"] >= 2
+    ea, eb = _entries(cache_a), _entries(cache_b)
+    assert ea.keys() == eb.keys()
+    for key in ea:
+        assert ea[key]["digest"] == eb[key]["digest"], ea[key]["kernel"]
+        assert ea[key]["tileir"] == eb[key]["tileir"]
+    with Store(cache_a) as store:
+        cubin = store.get_compile(next(iter(ea))).cubin
+    assert str(FIXTURE.parent).encode() not in cubin and b"base.py" not in cubin
+
+
+def test_toolkit_env_vars_are_stripped_not_keyed(two_builds: dict) -> None:
+    """CUDA_ROOT=/nonexistent makes tileiras itself fail; stripped, the build is the normal
+    one (same toolchain, same keys, same bytes), and doctor says it strips the variable."""
+    out_a, out_b = two_builds["a"][2], two_builds["b"][2]
+    assert out_a["toolchain"] == out_b["toolchain"] and out_a["failed"] == 0
+    with Store(two_builds["a"][1]) as store:
+        assert all(store.get_compile(k) is not None for k in _entries(two_builds["a"][1]))
+    doctor = subprocess.run([sys.executable, "-m", "ctbuild", "doctor", "--json", "--cache",
+                             str(two_builds["a"][1])], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "CUDA_ROOT": "/nonexistent"})
+    report = json.loads(doctor.stdout)
+    assert report["stripped_env"] == {"CUDA_ROOT": "/nonexistent"}, doctor.stderr
+    assert not any("CUDA_ROOT" in p for p in report["problems"])
+
+
+def test_a_bad_cuda_root_breaks_an_unstripped_tileiras(tmp_path: Path) -> None:
+    """The reason for stripping: tileiras with CUDA_ROOT=/nonexistent fails to compile."""
+    script = ("import os, sys\nsys.path.insert(0, sys.argv[1])\n"
+              "from ctbuild.config import load_project\nfrom ctbuild.compiler import tileir\n"
+              "from ctbuild.plan import job_and_signature\nfrom ctbuild.toolchain import probe\n"
+              "from cuda.tile._compile import compile_cubin\n"
+              "k = load_project(sys.argv[1] + '/ctbuild.toml').kernels()[0]\n"
+              "cfg = k.candidates(k.workloads[0], 'sm_90').kept[0]\n"
+              "_, sig = job_and_signature(k, cfg, k.workloads[0], 'sm_90', 'x')\n"
+              "ir = tileir(k, cfg, sig, 'sm_90')\n"
+              "open(sys.argv[2], 'wb').write(ir.bytecode)\n"
+              "os.environ['CUDA_ROOT'] = '/nonexistent'\n"
+              "compile_cubin(sys.argv[2], k.compiler_options(cfg), 'sm_90', None)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(FIXTURE), str(tmp_path / "k.bc")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode != 0 and "TileCompiler" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_identity_check_passes_then_catches_a_planted_entry(two_builds: dict,
+                                                            tmp_path: Path) -> None:
+    config, cache, out = two_builds["b"]
+    proc = _verify_identity(config, cache)
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads(proc.stdout)
+    assert report["checked"] == out["jobs"] and report["mismatches"] == []
+    planted = tmp_path / "planted"
+    shutil.copytree(cache, planted)
+    with Store(planted) as store:
+        key, meta = next(iter(store.compile_entries()))
+        hit = store.get_compile(key)
+        store.put_compile(key, hit.cubin, symbol=hit.symbol, meta={**meta, "tileir": "0" * 32})
+    proc = subprocess.run([sys.executable, "-m", "ctbuild", "cache", "verify", "--identity",
+                           "--config", str(config), "--cache", str(planted)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 1, explain(proc)
+    assert "identity: idk " in proc.stdout and key[:16] in proc.stdout
+
+
+def test_declaration_edits_keep_cubins_and_records_constants_replay(two_builds: dict,
+                                                                    tmp_path: Path) -> None:
+    """Adding a workload (and key=) to a built kernel compiles only its new jobs and keeps its
+    tuning record; a runtime miss of ``eps`` (a ct.Constant through args=) is recorded with its
+    value and replays through ``precompile --from-record``."""
+    config_b, cache_b, first = two_builds["b"]
+    project, cache = tmp_path / "proj", tmp_path / "cache"
+    shutil.copytree(config_b.parent, project)
+    shutil.copytree(cache_b, cache)
+    config = project / "ctbuild.toml"
+    _runtime("record", project, cache)
+    record = tmp_path / "misses.jsonl"
+    assert _runtime("miss", project, cache, CTBUILD_RECORD=str(record)).strip() == "miss"
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(r["kernel"], r["workload"]["eps"]) for r in lines] == [("add_eps", 1e-6)]
+    base = project / "idkernels" / "base.py"
+    text = base.read_text()
+    assert f"workloads=[{WORKLOAD}]" in text
+    base.write_text(text.replace(f"workloads=[{WORKLOAD}]", f"workloads=[{WORKLOAD}, {FP16}]")
+                    .replace('default={"TILE": 64}', 'key=None,\n    default={"TILE": 64}'))
+    proc, _, second = precompile("--config", str(config), "--cache", str(cache), "--json",
+                                 "--workers", "1", "--from-record", str(record))
+    assert proc.returncode == 0, explain(proc)
+    # 2 configs of idk's new fp16 workload + 2 of add_eps at eps=1e-6; nothing else rebuilt
+    assert (second["cached"], second["compiled"]) == (first["jobs"], 4), second
+    got = json.loads(_runtime("resolve", project, cache))
+    assert got == {"config": {"TILE": 128}, "config_from": "cache", "cubin_from": "cache"}
+
+
+def test_constant_through_args_is_in_the_tuning_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURE))
+    from idkernels.eps import add_eps
+
+    from ctbuild.live_args import workload_spec
+    w = add_eps.workloads[0]
+    assert add_eps.constant_args() == {"eps"}
+    other = type(w)({**w, "eps": 1e-6})
+    assert add_eps.tuning_key(w) != add_eps.tuning_key(other)
+    assert workload_spec(add_eps, other)["eps"] == 1e-6  # recorded as the value, not a Scalar
