@@ -137,4 +137,8 @@ def test_a_subcommand_imports_only_its_own_module(tmp_path):
             "print('LOADED', loaded)")
     proc = subprocess.run([sys.executable, "-c", code, str(cache)], env=env(), capture_output=True, text=True,
                           timeout=120)
-    assert "LOADED ['ctbuild.commands.cache']" in proc.stdout, proc.stdout + proc.stderr
+    loaded = proc.stdout.split("LOADED", 1)[1]
+    assert "ctbuild.commands.cache" in loaded, proc.stdout + proc.stderr
+    for other in ("plan", "precompile", "tune", "doctor"):
+        assert f"ctbuild.commands.{other}'" not in loaded, loaded
+    assert "ray" not in loaded and "farm" not in loaded, loaded
