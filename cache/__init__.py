@@ -11,7 +11,8 @@ On-disk layout of a cache directory (layout version 1)::
                                row tag = digest (indexed: has_compile and gc need no JSON parse)
     <dir>/tuning/              diskcache: tuning key -> JSON record {kernel, arch, compile_key, ..., created}
     <dir>/toolchains/          diskcache: toolchain fingerprint -> JSON profile
-    <dir>/quarantine/          blobs that failed their digest check, kept for inspection (safe to delete)
+    <dir>/quarantine/          blobs that failed their digest check and damaged index files replaced by
+                               `verify --repair`, kept for inspection (safe to delete)
 
 Each diskcache directory is ``cache.db`` (SQLite, WAL) plus value files. Values are bytes or
 canonical JSON text only; pickles are neither written nor read (:mod:`cache.safe_disk`).
@@ -19,7 +20,7 @@ See docs/cache.md for integrity, concurrency, eviction, read-only use and bundle
 """
 
 from .digest import digest_of
-from .errors import CacheError, ReadOnlyCacheError
+from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError
 from .store import CompileHit, Store
 
-__all__ = ["CacheError", "CompileHit", "ReadOnlyCacheError", "Store", "digest_of"]
+__all__ = ["CacheError", "CompileHit", "DamagedCacheError", "ReadOnlyCacheError", "Store", "digest_of"]

@@ -2,6 +2,7 @@
 
 import argparse
 import logging
+import os
 import sys
 
 from .cli import add_cache_parser, run_cache_command
@@ -12,7 +13,13 @@ def main(argv: list[str] | None = None) -> int:
     add_cache_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["cache", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(format="%(levelname)s: %(message)s")
-    return run_cache_command(args)
+    try:
+        code = run_cache_command(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # the reader (e.g. `| head`) closed the pipe: stop quietly, as git does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

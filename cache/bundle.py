@@ -8,26 +8,39 @@ regular files only, members in this order::
     compile.json       {compile key: entry}       (entries exactly as stored, incl. digest/symbol/created)
     tuning.json        {tuning key: record}
     blobs/<digest>     raw CUBIN bytes, named by their xxh3-128 digest
+    signature.json     (signed bundles only) {"algorithm": "hmac-sha256", "members": {name: sha256}, "mac": hex}
 
 Everything is JSON or raw bytes, so reading a bundle never unpickles or executes anything. Export
 writes a temp file beside the target and renames it, so a failed export leaves no half bundle;
 members carry fixed metadata (mtime 0, uid 0), so an uncompressed bundle of the same entries has the
 same bytes.
 
-Import checks the *whole* bundle first — member paths and types, manifest version, JSON shape,
-every blob's digest, that every entry's blob is in the bundle or the store — and raises CacheError
-with nothing written if anything is wrong. Only then does it store blobs, then entries (a compile
-entry after its blob, a tuning record after its winner). Identical entries are left as they are, so
-importing twice changes nothing; a differing entry is replaced by the bundle's.
+What an import guarantees. Import checks the *whole* bundle first — member paths and types, the
+manifest version, JSON shapes, every blob's digest, that every blob is referenced by an entry and
+every entry's blob is in the bundle or the store, that no member is larger than ``max_member_size``
+(default :data:`MAX_MEMBER_SIZE`, far above any real CUBIN) and that the disk has room — and raises
+CacheError with nothing written if anything is wrong. Members are streamed in chunks, so memory
+stays bounded by the largest JSON document, whatever the bundle's size. Only then does it store
+blobs, then entries (a compile entry after its blob, a tuning record after its winner); a failure
+while storing (a full disk) removes what this import added. Identical entries are left as they are,
+so importing twice changes nothing; a differing entry is replaced by the bundle's.
+
+What it does not guarantee without a signature: digests (xxh3-128) detect damage, not intent. Anyone
+who can write a bundle can map any compile key to any CUBIN, and an unsigned import will serve it.
+A bundle exported with a key (``sign_key``: HMAC-SHA256 over the SHA-256 of every member) and imported
+with ``require_key`` is accepted only if it was made by a holder of that key and not changed since.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
 import lzma
 import os
 import re
+import shutil
 import tarfile
 import tempfile
 import zlib
@@ -35,7 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
-from .digest import digest_of, digest_of_stream
+
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
 from .errors import CacheError
 from .jsontext import dumps
@@ -47,15 +60,36 @@ if TYPE_CHECKING:
 FORMAT = "ctbuild-cache-bundle"
 VERSION = 1
 MANIFEST = "manifest.json"
+SIGNATURE = "signature.json"
 DOCUMENTS = ("toolchains.json", "compile.json", "tuning.json")
 BLOB_MEMBER = re.compile(r"blobs/([0-9a-f]{32})")
 COMPRESSION = {".gz": "gz", ".tgz": "gz", ".xz": "xz"}
+#: Largest bundle member import accepts by default (bytes). Real CUBINs are kilobytes to tens of
+#: megabytes; anything above this is a bomb or a mistake. ``ctbuild cache import --max-member-size``.
+MAX_MEMBER_SIZE = 256 * 2**20
+#: Free space an import leaves on the cache's filesystem beyond what it stores (bytes).
+SPACE_MARGIN = 64 * 2**20
+MIN_KEY_BYTES = 16
+CHUNK = 1 << 20
 
 
-def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None) -> dict[str, Any]:
+def read_key(path: str | os.PathLike) -> bytes:
+    """The secret of a key file (surrounding whitespace stripped); refuses short or unreadable keys."""
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise CacheError(f"cannot read key file {os.fspath(path)}: {exc.strerror}") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise CacheError(f"key file {os.fspath(path)} holds {len(key)} bytes; use at least {MIN_KEY_BYTES} random "
+                         "bytes, e.g. `head -c 32 /dev/urandom | base64 > bundle.key`")
+    return key
+
+
+def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None,
+                  sign_key: bytes | None = None) -> dict[str, Any]:
     """Write the store's entries (compile entries and tuning records of ``archs`` only, if given; all
-    toolchain profiles) and the blobs they need. Entries whose blob is missing or corrupt are left
-    out and listed under ``skipped``."""
+    toolchain profiles) and the blobs they need, signed with ``sign_key`` if given. Entries whose
+    blob is missing or corrupt are left out and listed under ``skipped``."""
     wanted = None if archs is None else set(archs)
     compile_entries: dict[str, dict[str, Any]] = {}
     blob_ok: dict[str, bool] = {}
@@ -78,62 +112,127 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
     manifest = {"format": FORMAT, "version": VERSION, "archs": None if wanted is None else sorted(wanted), "counts": counts}
 
     total = 0
+    hashes: dict[str, str] = {}
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        hashes[name] = hashlib.sha256(data).hexdigest()
+        _add(tar, name, data)
+
     with _output(file) as (out, compression):
         with tarfile.open(fileobj=out, mode=f"w:{compression}", format=tarfile.PAX_FORMAT) as tar:
-            _add(tar, MANIFEST, dumps(manifest, what="manifest").encode())
+            add(tar, MANIFEST, dumps(manifest, what="manifest").encode())
             for name in DOCUMENTS:
-                _add(tar, name, dumps(documents[name], what=name).encode())
+                add(tar, name, dumps(documents[name], what=name).encode())
             for digest in digests:
                 data = store.get_blob(digest)
                 if data is None:
                     raise CacheError(f"blob {digest} vanished or went bad during export; run `ctbuild cache verify` and retry")
-                _add(tar, f"blobs/{digest}", data)
+                add(tar, f"blobs/{digest}", data)
                 total += len(data)
-    return {**counts, "bytes": total, "archs": manifest["archs"], "skipped": skipped}
+            if sign_key is not None:
+                signature = {"algorithm": "hmac-sha256", "members": hashes, "mac": _mac(sign_key, hashes)}
+                _add(tar, SIGNATURE, dumps(signature, what="signature").encode())
+    return {**counts, "bytes": total, "archs": manifest["archs"], "skipped": skipped, "signed": sign_key is not None}
 
 
-def import_bundle(store: Store, file: str | os.PathLike | IO[bytes]) -> dict[str, Any]:
-    """Validate the whole bundle, then merge it into ``store``. Returns counts of what changed."""
+def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_key: bytes | None = None,
+                  max_member_size: int = MAX_MEMBER_SIZE) -> dict[str, Any]:
+    """Validate the whole bundle (and its signature, with ``require_key``), then merge it into
+    ``store``. Returns counts of what changed; on any failure nothing stays written."""
     with _input(file) as stream:
-        documents, bundle_blobs = _validate(store, stream)
+        checked = _validate(store, stream, require_key=require_key, max_member_size=max_member_size)
+        _check_space(store, checked.new_bytes)
         stream.seek(0)
-        blobs_added = 0
-        with _open_tar(stream) as tar:
-            for member in tar:
-                match = BLOB_MEMBER.fullmatch(member.name)
-                if match is None:
-                    continue
-                data = _read(tar, member)
-                if digest_of(data) != match.group(1):
-                    raise CacheError(f"{member.name} changed while being imported; re-run the import")
-                blobs_added += not store._ns.blobs.contains(match.group(1))
-                store._store_blob(match.group(1), data)
-    ns = store._ns
-    written = unchanged = 0
-    for namespace, name in ((ns.toolchains, "toolchains.json"), (ns.compile, "compile.json"), (ns.tuning, "tuning.json")):
-        for key, entry in documents[name].items():
-            if _merge(store, namespace, key, entry, tag=entry["digest"] if namespace is ns.compile else None):
-                written += 1
-            else:
-                unchanged += 1
-    return {"blobs": len(bundle_blobs), "blobs_added": blobs_added, "entries_written": written, "entries_unchanged": unchanged,
-            "compile_entries": len(documents["compile.json"]), "tuning_records": len(documents["tuning.json"]),
-            "toolchains": len(documents["toolchains.json"])}
+        added_blobs: list[str] = []
+        added_entries: list[tuple[Namespace, str]] = []
+        try:
+            with _open_tar(stream) as tar:
+                for member in tar:
+                    match = BLOB_MEMBER.fullmatch(member.name)
+                    if match is None:
+                        continue
+                    digest = match.group(1)
+                    if checked.sha256.get(member.name) is not None:
+                        extracted = _Sha256Reader(_extract(tar, member))
+                    else:
+                        extracted = _extract(tar, member)
+                    if store.put_blob_stream(digest, extracted):
+                        added_blobs.append(digest)
+                        if isinstance(extracted, _Sha256Reader) and extracted.hexdigest() != checked.sha256[member.name]:
+                            raise CacheError(f"{member.name} changed while being imported; re-run the import")
+            ns = store.namespaces
+            written = unchanged = 0
+            for namespace, name in ((ns.toolchains, "toolchains.json"), (ns.compile, "compile.json"), (ns.tuning, "tuning.json")):
+                for key, entry in checked.documents[name].items():
+                    if _merge(store, namespace, key, entry, tag=entry["digest"] if namespace is ns.compile else None):
+                        written += 1
+                        added_entries.append((namespace, key))
+                    else:
+                        unchanged += 1
+        except BaseException as exc:
+            _undo(store, added_blobs, added_entries)
+            if isinstance(exc, OSError):
+                raise CacheError(f"import failed while storing ({exc.strerror or exc}); what it had added was removed, "
+                                 "nothing was imported") from None
+            raise
+    documents = checked.documents
+    return {"blobs": len(checked.blobs), "blobs_added": len(added_blobs), "entries_written": written,
+            "entries_unchanged": unchanged, "compile_entries": len(documents["compile.json"]),
+            "tuning_records": len(documents["tuning.json"]), "toolchains": len(documents["toolchains.json"]),
+            "signed": bool(checked.sha256)}
+
+
+def _undo(store: Store, blobs: list[str], entries: list[tuple[Namespace, str]]) -> None:
+    """Best effort: remove what a failed import added (a replaced entry is not restored)."""
+    for namespace, key in reversed(entries):
+        try:
+            namespace.delete(key)
+        except (CacheError, OSError):
+            pass
+    for digest in blobs:
+        try:
+            store.delete_blob(digest)
+        except (CacheError, OSError):
+            pass
+
+
+def _check_space(store: Store, needed: int) -> None:
+    try:
+        free = shutil.disk_usage(store.path).free
+    except OSError:
+        return  # cannot tell: the write itself will fail cleanly if the disk is full
+    if needed + SPACE_MARGIN > free:
+        raise CacheError(f"not enough free space in {store.path}: the bundle adds {needed / 2**20:.1f} MiB and "
+                         f"{free / 2**20:.1f} MiB are free (keeping {SPACE_MARGIN // 2**20} MiB spare); "
+                         "free space or import into a bigger volume; nothing was imported")
 
 
 def _merge(store: Store, namespace: Namespace, key: str, entry: dict[str, Any], *, tag: str | None) -> bool:
     text = dumps(entry, what=key)
-    found = store._read(namespace, key)
+    found = store.read_entry(namespace, key)
     if found is not None and found[1] == text and found[0].tag == tag:
         return False
     namespace.set(key, text, tag=tag)
     return True
 
 
-def _validate(store: Store, stream: IO[bytes]) -> tuple[dict[str, dict[str, Any]], set[str]]:
-    """Pass 1: check everything, write nothing. Returns the JSON documents and the bundle's digests."""
-    documents: dict[str, dict[str, Any]] = {}
-    blobs: set[str] = set()
+class _Checked:
+    """What pass 1 learnt: the JSON documents, the bundle's digests, member SHA-256s (signed
+    bundles) and how many bytes of blobs the store does not have yet."""
+
+    def __init__(self) -> None:
+        self.documents: dict[str, dict[str, Any]] = {}
+        self.blobs: set[str] = set()
+        self.sha256: dict[str, str] = {}
+        self.new_bytes = 0
+
+
+def _validate(store: Store, stream: IO[bytes], *, require_key: bytes | None, max_member_size: int) -> _Checked:
+    """Pass 1: check everything, write nothing."""
+    checked = _Checked()
+    documents = checked.documents
+    hashes: dict[str, str] = {}
+    signature: dict[str, Any] | None = None
     seen: set[str] = set()
     with _open_tar(stream) as tar:
         for index, member in enumerate(tar):
@@ -141,21 +240,39 @@ def _validate(store: Store, stream: IO[bytes]) -> tuple[dict[str, dict[str, Any]
             if member.name in seen:
                 raise CacheError(f"bundle member {member.name!r} appears twice; the bundle is malformed")
             seen.add(member.name)
+            if signature is not None:
+                raise CacheError(f"bundle member {member.name!r} follows {SIGNATURE}, which must be last; nothing was imported")
+            if member.size > max_member_size:
+                raise CacheError(f"bundle member {member.name} is {member.size / 2**20:.1f} MiB, above the "
+                                 f"{max_member_size / 2**20:.0f} MiB limit (--max-member-size); refusing the bundle; "
+                                 "nothing was imported")
             if index == 0 and member.name != MANIFEST:
                 raise CacheError(f"bundle does not start with {MANIFEST} (found {member.name!r}): not a ctbuild cache bundle")
-            if member.name == MANIFEST:
-                _check_manifest(_read_json(tar, member))
-            elif member.name in DOCUMENTS:
-                documents[member.name] = _read_json(tar, member)
-            else:
-                digest = BLOB_MEMBER.fullmatch(member.name).group(1)  # type: ignore[union-attr]  # _check_member matched it
-                extracted = tar.extractfile(member)
-                assert extracted is not None  # regular file
-                if digest_of_stream(extracted) != digest:
-                    raise CacheError(f"bundle member {member.name} does not match its digest: the bundle is corrupt")
-                blobs.add(digest)
+            if member.name == SIGNATURE:
+                signature = _read_json(tar, member)
+                continue
+            if member.name == MANIFEST or member.name in DOCUMENTS:
+                data = _read(tar, member)
+                hashes[member.name] = hashlib.sha256(data).hexdigest()
+                value = _parse_json(member.name, data)
+                if member.name == MANIFEST:
+                    _check_manifest(value)
+                else:
+                    documents[member.name] = value
+                continue
+            digest = BLOB_MEMBER.fullmatch(member.name).group(1)  # type: ignore[union-attr]  # _check_member matched it
+            xxh, sha = _hash_member(tar, member)
+            if xxh != digest:
+                raise CacheError(f"bundle member {member.name} does not match its digest: the bundle is corrupt")
+            hashes[member.name] = sha
+            checked.blobs.add(digest)
+            if not store.has_blob(digest):
+                checked.new_bytes += member.size
     if MANIFEST not in seen:
         raise CacheError("bundle is empty: not a ctbuild cache bundle")
+    if require_key is not None:  # authenticity first: a forged bundle's other faults are beside the point
+        _check_signature(signature, hashes, require_key)
+        checked.sha256 = hashes
     for name in DOCUMENTS:
         documents.setdefault(name, {})
     required = {"toolchains.json": (), "compile.json": COMPILE_REQUIRED, "tuning.json": TUNING_REQUIRED}
@@ -164,12 +281,65 @@ def _validate(store: Store, stream: IO[bytes]) -> tuple[dict[str, dict[str, Any]
             why = entry_problem(json.dumps(entry), required[name]) if key else "empty key"
             if why is not None:
                 raise CacheError(f"bundle {name}: entry {key!r} is unusable ({why}); nothing was imported")
+    referenced = {entry["digest"] for entry in documents["compile.json"].values()}
+    if unused := sorted(checked.blobs - referenced):
+        raise CacheError(f"bundle holds {len(unused)} blob(s) no compile entry uses (blobs/{unused[0]}, ...); "
+                         "refusing the bundle; nothing was imported")
     for key, entry in documents["compile.json"].items():
         digest = entry["digest"]
-        if digest not in blobs and store.get_blob(digest) is None:
+        if digest not in checked.blobs and store.get_blob(digest) is None:
             raise CacheError(f"bundle compile.json: entry {key!r} needs blob {digest}, which is neither in the bundle "
                              "nor in the cache; nothing was imported")
-    return documents, blobs
+    return checked
+
+
+def _check_signature(signature: dict[str, Any] | None, hashes: dict[str, str], key: bytes) -> None:
+    if signature is None:
+        raise CacheError(f"bundle is not signed ({SIGNATURE} is missing) but a signature is required; "
+                         "re-export it with `ctbuild cache export --sign KEYFILE`; nothing was imported")
+    members, mac = signature.get("members"), signature.get("mac")
+    if signature.get("algorithm") != "hmac-sha256" or not isinstance(members, dict) or not isinstance(mac, str):
+        raise CacheError(f"bundle {SIGNATURE} is malformed; nothing was imported")
+    if not hmac.compare_digest(_mac(key, members), mac):
+        raise CacheError("bundle signature does not verify with this key: it was signed with another key or its "
+                         "member list was changed; nothing was imported")
+    if members != hashes:
+        changed = sorted(set(members) ^ set(hashes) | {n for n in members if n in hashes and members[n] != hashes[n]})
+        raise CacheError(f"bundle members {changed[:3]} differ from what was signed: the bundle was tampered with; "
+                         "nothing was imported")
+
+
+def _mac(key: bytes, hashes: dict[str, str]) -> str:
+    """HMAC-SHA256 of the canonical {member name: SHA-256} map (the manifest and documents are members)."""
+    return hmac.new(key, dumps(hashes, what="signature").encode(), hashlib.sha256).hexdigest()
+
+
+def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, str]:
+    """(xxh3-128, SHA-256) of a member, read in chunks."""
+    import xxhash
+
+    extracted = _extract(tar, member)
+    xxh, sha = xxhash.xxh3_128(), hashlib.sha256()
+    while chunk := extracted.read(CHUNK):
+        xxh.update(chunk)
+        sha.update(chunk)
+    return xxh.hexdigest(), sha.hexdigest()
+
+
+class _Sha256Reader:
+    """A stream that SHA-256-hashes what is read through it (pass 2 of a signed import)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._hasher = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._stream.read(size)
+        self._hasher.update(chunk)
+        return chunk
+
+    def hexdigest(self) -> str:
+        return self._hasher.hexdigest()
 
 
 def _check_member(member: tarfile.TarInfo) -> None:
@@ -180,7 +350,7 @@ def _check_member(member: tarfile.TarInfo) -> None:
     if not member.isreg():
         kind = "symlink" if member.issym() else "hard link" if member.islnk() else "directory" if member.isdir() else "device or special file"
         raise CacheError(f"bundle member {name!r} is a {kind}; bundles hold regular files only: refusing it; nothing was imported")
-    if name != MANIFEST and name not in DOCUMENTS and not BLOB_MEMBER.fullmatch(name):
+    if name not in (MANIFEST, SIGNATURE) and name not in DOCUMENTS and not BLOB_MEMBER.fullmatch(name):
         raise CacheError(f"bundle member {name!r} is not part of the bundle format v{VERSION}; nothing was imported")
 
 
@@ -192,21 +362,29 @@ def _check_manifest(manifest: dict[str, Any]) -> None:
                          f"version {VERSION}); import it with the ctbuild that exported it; nothing was imported")
 
 
-def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
     extracted = tar.extractfile(member)
     assert extracted is not None  # _check_member allows regular files only
-    return extracted.read()
+    return extracted
+
+
+def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    return _extract(tar, member).read()
 
 
 def _read_json(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any]:
+    return _parse_json(member.name, _read(tar, member))
+
+
+def _parse_json(name: str, data: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(_read(tar, member))
+        value = json.loads(data)
     except ValueError as exc:
-        raise CacheError(f"bundle member {member.name} is not valid JSON ({exc}); nothing was imported") from None
+        raise CacheError(f"bundle member {name} is not valid JSON ({exc}); nothing was imported") from None
     if not isinstance(value, dict):
-        raise CacheError(f"bundle member {member.name} must be a JSON object; nothing was imported")
-    if member.name in DOCUMENTS and not all(isinstance(entry, dict) for entry in value.values()):
-        raise CacheError(f"bundle member {member.name} must map keys to JSON objects; nothing was imported")
+        raise CacheError(f"bundle member {name} must be a JSON object; nothing was imported")
+    if name in DOCUMENTS and not all(isinstance(entry, dict) for entry in value.values()):
+        raise CacheError(f"bundle member {name} must map keys to JSON objects; nothing was imported")
     return value
 
 

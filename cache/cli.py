@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .bundle import MAX_MEMBER_SIZE, read_key
 from .errors import CacheError
+from .layout import LAYOUT_FILE
 from .store import Store
 
 DEFAULT_CACHE_DIR = "./.ctbuild-cache"
@@ -31,12 +33,17 @@ examples:
   ctbuild cache stats                          counts and bytes
   ctbuild cache ls --kernel matmul             entries of one kernel
   ctbuild cache verify                         re-hash every blob; exit 1 if anything is wrong
-  ctbuild cache verify --repair                ... and drop what is broken, so precompile rebuilds it
+  ctbuild cache verify --repair                ... rebuild a damaged index, drop what is broken; precompile rebuilds it
   ctbuild cache gc --size-limit 2G             drop orphans, evict least-recently-used CUBINs to 2 GiB
   ctbuild cache rm matmul                      forget one kernel (then gc reclaims its blobs)
   ctbuild cache export --arch sm_90 h200.tgz   ship the sm_90 part of the cache
   ctbuild cache import h200.tgz                merge a bundle (verified first; idempotent)
+  ctbuild cache export --sign ci.key k.tgz     ... signed (HMAC-SHA256) with a secret key file
+  ctbuild cache import --require-signature ci.key k.tgz   accept only bundles signed with that key
 """
+
+#: Commands that only read: they open the cache read-only, so they never write into a directory.
+READ_ONLY = ("stats", "ls", "export")
 
 
 def parse_size(text: str) -> int:
@@ -48,9 +55,9 @@ def parse_size(text: str) -> int:
 
 
 def parse_archs(text: str) -> list[str]:
-    archs = [arch.strip() for arch in text.split(",") if arch.strip()]
-    if not archs:
-        raise argparse.ArgumentTypeError(f"invalid --arch {text!r}: give comma-separated archs, e.g. sm_90,sm_100")
+    archs = [arch.strip() for arch in text.split(",")]
+    if not all(archs):
+        raise argparse.ArgumentTypeError(f"invalid --arch {text!r}: give comma-separated archs with none empty, e.g. sm_90,sm_100")
     return archs
 
 
@@ -66,20 +73,25 @@ def add_cache_parser(subparsers: Any) -> None:
                                   description="Inspect and maintain the content-addressed kernel cache "
                                               "(CUBINs, compile entries, tuning records).")
     sub = cache.add_subparsers(dest="cache_command", metavar="COMMAND", required=True)
-    sub.add_parser("stats", parents=[common], help="counts and bytes", description="Counts of blobs, compile entries, "
-                   "tuning records and toolchains, and blob bytes. Works on read-only caches.")
+    sub.add_parser("stats", parents=[common], help="counts, bytes and a quick index check",
+                   description="Counts of blobs, compile entries, tuning records and toolchains, and blob bytes; "
+                               "checks every index with SQLite's quick_check (no CUBIN is read). Exit 1 if an index "
+                               "is damaged (`ctbuild cache verify --repair` rebuilds it). Read-only: writes nothing.")
 
     ls = sub.add_parser("ls", parents=[common], help="list compile entries and tuning records",
-                        description="List compile entries (kernel, arch, key prefix, CUBIN size, symbol) and tuning "
-                                    "records (kernel, arch, key prefix, winner's compile key prefix).")
+                        description="List compile entries (kernel, arch, key prefix, CUBIN size, config, symbol) and "
+                                    "tuning records (kernel, arch, key prefix, winner's config and compile key prefix).")
     ls.add_argument("--kernel", help="only this kernel")
     ls.add_argument("--arch", help="only this arch, e.g. sm_90")
 
-    verify = sub.add_parser("verify", parents=[common], help="check every blob and entry (exit 1 on problems)",
-                            description="Re-hash every blob, check every compile entry has a valid blob and every "
-                                        "tuning record's winner exists. Exit 1 if anything is wrong.")
+    verify = sub.add_parser("verify", parents=[common], help="check every index, blob and entry (exit 1 on problems)",
+                            description="Check every index (SQLite integrity), re-hash every blob, check every compile "
+                                        "entry has a valid blob and every tuning record's winner exists. Exit 1 if "
+                                        "anything is wrong.")
     verify.add_argument("--repair", action="store_true",
-                        help="remove broken entries and quarantine corrupt blobs, so the next precompile rebuilds them")
+                        help="rebuild a damaged index from what is still readable (the damaged file is kept in "
+                             "quarantine/), remove broken entries and quarantine corrupt blobs, so the next precompile "
+                             "rebuilds what was lost; run it while nothing else writes the cache")
 
     gc = sub.add_parser("gc", parents=[common], help="drop orphans; evict least-recently-used entries to a size",
                         epilog="example: ctbuild cache gc --size-limit 2G", formatter_class=fmt,
@@ -105,11 +117,24 @@ def add_cache_parser(subparsers: Any) -> None:
                                         "need to a tar bundle (.tar, .tar.gz/.tgz or .tar.xz by suffix).")
     export.add_argument("file", metavar="FILE", type=Path, help="bundle to write (replaced atomically)")
     export.add_argument("--arch", type=parse_archs, metavar="ARCHS", help="only these archs, comma-separated: sm_90,sm_100")
+    export.add_argument("--sign", type=Path, metavar="KEYFILE",
+                        help="sign the bundle with the secret in KEYFILE (HMAC-SHA256 over every member; >= 16 bytes, "
+                             "e.g. `head -c 32 /dev/urandom | base64 > KEYFILE`); keep KEYFILE out of images and logs")
 
-    imp = sub.add_parser("import", parents=[common], help="merge a bundle into the cache",
-                         description="Verify a bundle completely (paths, format version, every digest), then merge it. "
-                                     "A bad bundle is refused with nothing written; importing twice changes nothing.")
+    imp = sub.add_parser("import", parents=[common], help="merge a bundle into the cache", formatter_class=fmt,
+                         description="Check a bundle, then merge it; importing twice changes nothing.",
+                         epilog="What an import checks: safe member paths and types, the format version, JSON shapes, "
+                                "every CUBIN's digest,\nthat every CUBIN is used by an entry, member sizes and free "
+                                "space. A bundle failing a check is refused\nwith nothing written. Digests detect "
+                                "damage, not intent: an unsigned bundle is trusted to be what its maker\nsays (anyone "
+                                "able to write it can map a kernel's keys to any CUBIN). With --require-signature only\n"
+                                "bundles exported with --sign and the same key, unchanged since, are accepted.")
     imp.add_argument("file", metavar="FILE", type=Path, help="bundle made by `ctbuild cache export`")
+    imp.add_argument("--require-signature", type=Path, metavar="KEYFILE",
+                     help="refuse the bundle unless it was signed (`export --sign`) with the key in KEYFILE")
+    imp.add_argument("--max-member-size", type=parse_size, default=MAX_MEMBER_SIZE, metavar="SIZE",
+                     help=f"refuse bundles with a member larger than this (default {MAX_MEMBER_SIZE // 2**20}M; "
+                          "real CUBINs are far smaller)")
 
 
 def cache_dir(args: argparse.Namespace) -> Path:
@@ -121,23 +146,34 @@ def run_cache_command(args: argparse.Namespace) -> int:
     """Run the parsed ``cache`` subcommand; returns the exit code."""
     command = args.cache_command
     path = cache_dir(args)
+    readonly = command in READ_ONLY or (command == "verify" and not args.repair)
     try:
         if command != "import" and not path.is_dir():
             raise CacheError(f"no cache at {path}: pass --cache DIR or set CTBUILD_CACHE_DIR")
-        with Store(path) as store:
+        if command != "import" and not _looks_like_cache(path):
+            raise CacheError(f"{path} is not a ctbuild cache (no {LAYOUT_FILE}, blobs/ or compile/): "
+                             "pass --cache DIR or set CTBUILD_CACHE_DIR")
+        with Store(path, readonly=True if readonly else None) as store:
             result, text, code = COMMANDS[command](store, args)
-    except CacheError as exc:
+    except (CacheError, OSError) as exc:
+        message = str(exc) if isinstance(exc, CacheError) else f"{exc.strerror or exc}: {exc.filename or path}"
         if args.json:
-            print(json.dumps({"error": str(exc)}))
-        print(f"ctbuild cache {command}: error: {exc}", file=sys.stderr)
-        return 2
+            print(json.dumps({"error": message}))
+        print(f"ctbuild cache {command}: error: {message}", file=sys.stderr)
+        return 2 if isinstance(exc, CacheError) else 1
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else text)
     return code
+
+
+def _looks_like_cache(path: Path) -> bool:
+    return any((path / name).exists() for name in (LAYOUT_FILE, "blobs", "compile"))
 
 
 def _stats(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     s = store.stats()
     limit = "none" if s["size_limit"] is None else _size(s["size_limit"])
+    damaged = [f"{name} index: {detail.splitlines()[-1]}" for name, detail in s["damaged"].items()]
+    health = ("DAMAGED (" + "; ".join(damaged) + f"); repair: {store.repair_hint()}") if damaged else "ok (quick_check)"
     text = "\n".join([
         f"cache        {s['path']}{' (read-only)' if s['readonly'] else ''}",
         f"blobs        {s['blobs']} ({_size(s['bytes'])})",
@@ -145,32 +181,44 @@ def _stats(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
         f"tuning       {s['tuning_records']} records",
         f"toolchains   {s['toolchains']}",
         f"size limit   {limit}",
+        f"integrity    {health}",
     ])
-    return s, text, 0
+    return s, text, 1 if damaged else 0
 
 
 def _ls(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     def wanted(entry: dict[str, Any]) -> bool:
         return (args.kernel is None or entry.get("kernel") == args.kernel) and (args.arch is None or entry.get("arch") == args.arch)
 
-    compiles = [{"key": k, **{f: e.get(f) for f in ("kernel", "arch", "size", "symbol", "digest", "created")}}
+    compiles = [{"key": k, **{f: e.get(f) for f in ("kernel", "arch", "size", "config", "symbol", "digest", "created")}}
                 for k, e in store.compile_entries() if wanted(e)]
-    tunings = [{"key": k, **{f: r.get(f) for f in ("kernel", "arch", "compile_key", "created")}}
+    tunings = [{"key": k, **{f: r.get(f) for f in ("kernel", "arch", "config", "compile_key", "created")}}
                for k, r in store.tuning_records() if wanted(r)]
-    rows = [("KIND", "KERNEL", "ARCH", "KEY", "SIZE", "SYMBOL / WINNER")]
-    rows += [("compile", str(c["kernel"]), str(c["arch"]), c["key"][:16], _size(c["size"] or 0), str(c["symbol"])) for c in compiles]
-    rows += [("tuning", str(t["kernel"]), str(t["arch"]), t["key"][:16], "", t["compile_key"][:16]) for t in tunings]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5] for row in rows]
+    rows = [("KIND", "KERNEL", "ARCH", "KEY", "SIZE", "CONFIG", "SYMBOL / WINNER")]
+    rows += [("compile", str(c["kernel"]), str(c["arch"]), c["key"][:16], _size(c["size"] or 0), _config(c["config"]),
+              str(c["symbol"])) for c in compiles]
+    rows += [("tuning", str(t["kernel"]), str(t["arch"]), t["key"][:16], "", _config(t["config"]), t["compile_key"][:16])
+             for t in tunings]
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[6] for row in rows]
     lines.append(f"{len(compiles)} compile entries, {len(tunings)} tuning records")
     return {"compile": compiles, "tuning": tunings}, "\n".join(lines), 0
+
+
+def _config(config: Any) -> str:
+    """A config as compact ``name=value`` pairs (entries differing only in a hint must look different)."""
+    if not isinstance(config, dict):
+        return "-" if config is None else json.dumps(config)
+    return ",".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in sorted(config.items())) or "{}"
 
 
 def _verify(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     result = store.verify(repair=args.repair)
     checked = ", ".join(f"{n} {what}" for what, n in result["checked"].items())
     lines = [f"checked {checked}"]
-    lines += [f"  {p['kind']}: {p['namespace']} {p['key']}: {p['detail']}" for p in result["problems"]]
+    lines += [f"  {p['kind']}: {p['namespace']} {p['key']}: {' / '.join(p['detail'].splitlines())}" for p in result["problems"]]
+    lines += [f"  rebuilt the {name} index: kept {r['kept']} entries" + (f", {r['lost_rows']} unusable rows dropped" if r["lost_rows"] else "")
+              + "; the damaged file is in quarantine/" for name, r in result.get("rebuilt", {}).items()]
     if result["ok"]:
         lines.append("ok")
     elif args.repair:
@@ -199,18 +247,20 @@ def _rm(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
 
 
 def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
-    r = store.export_bundle(args.file, archs=args.arch)
+    key = read_key(args.sign) if args.sign else None
+    r = store.export_bundle(args.file, archs=args.arch, sign_key=key)
     text = (f"wrote {args.file}: {r['compile_entries']} compile entries, {r['tuning_records']} tuning records, "
-            f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])})")
+            f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])}){', signed' if r['signed'] else ''}")
     if r["skipped"]:
         text += f"\nskipped {len(r['skipped'])} entries whose CUBIN is missing or corrupt (see `ctbuild cache verify`)"
     return r, text, 0
 
 
 def _import(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
-    r = store.import_bundle(args.file)
-    text = (f"imported {args.file}: {r['blobs_added']} new CUBINs, {r['entries_written']} entries written, "
-            f"{r['entries_unchanged']} already present")
+    key = read_key(args.require_signature) if args.require_signature else None
+    r = store.import_bundle(args.file, require_key=key, max_member_size=args.max_member_size)
+    text = (f"imported {args.file}{' (signature verified)' if r['signed'] else ''}: {r['blobs_added']} new CUBINs, "
+            f"{r['entries_written']} entries written, {r['entries_unchanged']} already present")
     return r, text, 0
 
 

@@ -19,3 +19,11 @@ class UnsafeValueError(CacheError):
     Raised by the read path *instead of* deserialising it: a shared cache must never execute what
     someone else wrote into it.
     """
+
+
+class DamagedCacheError(CacheError):
+    """The cache's index (an SQLite file) or a value file cannot be read: disk damage, a torn copy.
+
+    The store catches it on every read and treats the lookup as a miss (see ``Store.damage``);
+    ``ctbuild cache verify --repair`` rebuilds the index from what is still readable.
+    """

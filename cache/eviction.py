@@ -26,7 +26,7 @@ ORPHAN_GRACE_S = 600.0
 
 def collect(store: Store, *, size_limit: int | None, evict_tuned: bool, orphan_grace_s: float) -> dict[str, Any]:
     """Run the steps above; returns what was removed and whether the limit is met."""
-    ns = store._ns
+    ns = store.namespaces
     bytes_before = ns.blobs.total_size()
     cutoff = time.time() - orphan_grace_s
     stray = 0

@@ -1,24 +1,34 @@
-"""``verify``: re-hash every blob and check every entry, reporting (and optionally repairing) problems.
+"""``verify``: check every index, re-hash every blob and check every entry, reporting (and
+optionally repairing) problems.
 
 Problems are dicts ``{"kind", "namespace", "key", "detail"}``. Kinds:
+``damaged_index`` (a namespace's SQLite file fails its integrity check or cannot be read),
 ``bad_key`` (pickled or non-text key), ``unsafe_value`` (pickled value), ``bad_entry`` (not the
 expected JSON), ``corrupt_blob`` (bytes do not hash to their digest), ``missing_file`` (row without its
 value file), ``missing_blob`` (compile entry whose blob is gone or corrupt), ``bad_tag`` (entry's index
 tag is not its digest), ``missing_winner`` (tuning record whose winning compile entry is gone).
 
-``repair`` removes what is broken — quarantining corrupt blobs — so the next precompile rebuilds it;
-a row with a pickled key cannot be addressed through diskcache and is only reported.
+``repair`` removes what is broken — quarantining corrupt blobs, deleting bad rows (by rowid when the
+key itself is unusable) — so the next precompile rebuilds it. A damaged index is rebuilt first: the
+rows still readable are copied into a fresh index, every blob file that hashes cleanly is re-added
+under its digest, and the damaged ``cache.db`` is kept under ``quarantine/`` for inspection.
+Run a repair while no build or service writes the cache.
 Unreferenced ("orphan") blobs are not problems: ``gc`` reclaims them.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from typing import TYPE_CHECKING, Any
+
+from diskcache.core import DBNAME, MODE_RAW
 
 from .digest import digest_of, is_digest
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
-from .errors import UnsafeValueError
+from .errors import CacheError, DamagedCacheError, UnsafeValueError
+from .layout import QUARANTINE_DIR
 from .namespace import Namespace
 
 if TYPE_CHECKING:
@@ -26,25 +36,48 @@ if TYPE_CHECKING:
 
 
 def verify(store: Store, *, repair: bool) -> dict[str, Any]:
-    ns = store._ns
+    ns = store.namespaces
     problems: list[dict[str, str]] = []
     checked: dict[str, int] = {}
     repaired = 0
+    rebuilt: dict[str, dict[str, int]] = {}
 
-    def report(kind: str, namespace: Namespace, key: str, detail: str, fix: bool = True) -> None:
+    def report(kind: str, namespace: Namespace, key: str, detail: str, rowid: int | None = None) -> None:
         nonlocal repaired
         problems.append({"kind": kind, "namespace": namespace.directory.name, "key": key, "detail": detail})
-        if repair and fix:
-            repaired += namespace.delete(key)
+        if repair:
+            repaired += namespace.delete(key) if rowid is None else namespace.delete_row(rowid)
+
+    unreadable: set[str] = set()
+    for name, detail in store.integrity().items():
+        namespace = getattr(ns, name)
+        problems.append({"kind": "damaged_index", "namespace": name, "key": str(namespace.directory / DBNAME),
+                         "detail": detail})
+        if repair:
+            rebuilt[name] = rebuild_index(store, namespace)
+            repaired += 1
+        else:
+            unreadable.add(name)
+
+    def rows(namespace: Namespace) -> list:
+        if namespace.directory.name in unreadable:
+            return []
+        try:
+            return namespace.rows()
+        except DamagedCacheError as exc:  # damage the quick check did not see
+            unreadable.add(namespace.directory.name)
+            problems.append({"kind": "damaged_index", "namespace": namespace.directory.name,
+                             "key": str(namespace.directory / DBNAME), "detail": str(exc)})
+            return []
 
     def load(namespace: Namespace, required: tuple[str, ...]) -> dict[str, tuple[dict[str, Any], str, str | None]]:
         """Readable entries of a namespace as key -> (entry, JSON text, tag), reporting the unreadable ones."""
         good = {}
-        rows = namespace.rows()
-        checked[namespace.directory.name] = len(rows)
-        for info in rows:
+        found = rows(namespace)
+        checked[namespace.directory.name] = len(found)
+        for info in found:
             if info.key is None:
-                report("bad_key", namespace, f"rowid {info.rowid}", "key is pickled or not text", fix=False)
+                report("bad_key", namespace, f"rowid {info.rowid}", "key is pickled or not text", rowid=info.rowid)
                 continue
             try:
                 value = namespace.value_of(info)
@@ -62,11 +95,11 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
 
     good_blobs: set[str] = set()
     corrupt_blobs: set[str] = set()
-    blob_rows = ns.blobs.rows()
+    blob_rows = rows(ns.blobs)
     checked["blobs"] = len(blob_rows)
     for info in blob_rows:
         if info.key is None or not is_digest(info.key):
-            report("bad_key", ns.blobs, info.key or f"rowid {info.rowid}", "blob key is not a digest", fix=info.key is not None)
+            report("bad_key", ns.blobs, info.key or f"rowid {info.rowid}", "blob key is not a digest", rowid=info.rowid)
             continue
         try:
             data = ns.blobs.value_of(info)
@@ -79,11 +112,10 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
             continue
         if type(data) is not bytes or digest_of(data) != info.key:
             corrupt_blobs.add(info.key)
-            store._digest_failures += 1
             problems.append({"kind": "corrupt_blob", "namespace": "blobs", "key": info.key,
                              "detail": f"{len(data)} bytes do not hash to their digest"})
             if repair:
-                store._quarantine(info.key, data if type(data) is bytes else data.encode())
+                store.quarantine_blob(info.key, data if type(data) is bytes else data.encode())
                 repaired += 1
             continue
         good_blobs.add(info.key)
@@ -109,4 +141,43 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"ok": not problems, "problems": problems, "checked": checked}
     if repair:
         result["repaired"] = repaired
+        result["rebuilt"] = rebuilt
     return result
+
+
+def rebuild_index(store: Store, namespace: Namespace) -> dict[str, int]:
+    """Replace a damaged namespace by a fresh one holding what is still readable.
+
+    Inline rows (JSON entries) are copied row by row, skipping rows on broken pages; the blob
+    namespace is rebuilt from its value files, each re-hashed and stored under its digest, so every
+    intact CUBIN survives even when its row was lost. The old directory's ``cache.db`` is kept in
+    ``quarantine/``; the rest of it is removed. Returns counts of what was kept and lost.
+    """
+    directory = namespace.directory
+    rows = namespace.readable_rows()
+    namespace.close()
+    aside = directory.with_name(f".{directory.name}.damaged.{time.time_ns()}")
+    try:
+        directory.rename(aside)
+    except OSError as exc:
+        raise CacheError(f"cannot move the damaged index {directory} aside ({exc.strerror}): stop every process "
+                         f"using the cache, delete {directory / DBNAME}* by hand, then re-run precompile") from None
+    kept = lost = 0
+    if namespace is store.namespaces.blobs:
+        for path in sorted(aside.glob("??/??/*.val")):
+            data = path.read_bytes()
+            kept += namespace.add(digest_of(data), data)
+        lost = max(len(rows) - kept, 0)
+    else:
+        for key, raw, tag, mode, filename, value in rows:
+            if raw == 1 and type(key) is str and mode == MODE_RAW and type(value) is str:
+                namespace.set(key, value, tag=tag)
+                kept += 1
+            else:  # a pickled key or value, or a value file: never valid in an inline namespace
+                lost += 1
+    quarantine = store.path / QUARANTINE_DIR
+    quarantine.mkdir(exist_ok=True)
+    if (aside / DBNAME).exists():
+        shutil.move(str(aside / DBNAME), quarantine / f"{directory.name}.{time.time_ns()}.{DBNAME}")
+    shutil.rmtree(aside, ignore_errors=True)
+    return {"kept": kept, "lost_rows": lost}

@@ -26,11 +26,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from contextlib import contextmanager
+from typing import IO, Iterator
 
 import diskcache
 from diskcache.core import DBNAME
 
-from .errors import CacheError, ReadOnlyCacheError
+from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError
 from .safe_disk import SafeDisk
 
 INLINE_LIMIT = 2**30  # JSON values stay inside their SQLite row: one row = one whole entry.
@@ -113,7 +115,7 @@ class Namespace:
             if not self.readonly:
                 con.execute("PRAGMA synchronous = NORMAL")  # as diskcache's writers: WAL commits without fsync
         except sqlite3.Error as exc:
-            raise CacheError(f"cannot open {self._db}: {exc}") from None
+            raise DamagedCacheError(f"cannot open {self._db}: {exc}") from None
         self._local.pid, self._local.con, self._local.mode = pid, con, mode
         with self._lock:
             self._connections.append((pid, con))
@@ -128,9 +130,43 @@ class Namespace:
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return []  # database file exists but its first writer has not created the table yet
-            raise CacheError(f"cannot read {self._db}: {exc}") from None
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise CacheError(f"cannot read {self._db}: {exc} (a writer holds it too long)") from None
+            raise DamagedCacheError(f"cannot read {self._db}: {exc}") from None
         except sqlite3.DatabaseError as exc:
-            raise CacheError(f"cannot read {self._db}: {exc} (run `ctbuild cache verify`)") from None
+            raise DamagedCacheError(f"cannot read {self._db}: {exc}") from None
+
+    def quick_check(self) -> str | None:
+        """What SQLite's ``PRAGMA quick_check`` finds wrong with the index (None: nothing).
+
+        quick_check walks every page but skips the slow index-vs-table cross-check, so it costs
+        about one read of the database file (the value files are not read).
+        """
+        try:
+            rows = self._query("PRAGMA quick_check")
+        except DamagedCacheError as exc:
+            return str(exc)
+        found = [str(row[0]) for row in rows if row and row[0] != "ok"]
+        return "; ".join(found[:3]) + (f" (+{len(found) - 3} more)" if len(found) > 3 else "") if found else None
+
+    def readable_rows(self) -> list[tuple]:
+        """Every row that can still be read from a damaged index, one rowid at a time:
+        (key, raw, tag, mode, filename, value). Rows on a broken page are skipped."""
+        try:
+            top = self._query("SELECT MAX(rowid) FROM Cache")[0][0] or 0
+        except (DamagedCacheError, IndexError):
+            top = 0
+        found = []
+        for rowid in range(1, top + 1):
+            try:
+                found += self._query("SELECT key, raw, tag, mode, filename, value FROM Cache WHERE rowid = ?", (rowid,))
+            except DamagedCacheError:
+                continue
+        return found
+
+    def value_files(self) -> list[Path]:
+        """Every value file in the directory, referenced or not."""
+        return sorted(self.directory.glob("??/??/*.val"))
 
     def close(self) -> None:
         """Release connections opened by this process; the namespace reopens them on next use."""
@@ -221,14 +257,52 @@ class Namespace:
     # -- writes ------------------------------------------------------------------------------
 
     def set(self, key: str, value: bytes | str, *, tag: str | None = None) -> None:
-        self._cache().set(key, value, tag=tag, retry=True)
+        with self._writing():
+            self._cache().set(key, value, tag=tag, retry=True)
 
     def add(self, key: str, value: bytes | str) -> bool:
         """Insert unless present (atomic across processes); never replaces, so readers never race a replacement."""
-        return self._cache().add(key, value, retry=True)
+        with self._writing():
+            return self._cache().add(key, value, retry=True)
+
+    def add_stream(self, key: str, stream: IO[bytes]) -> bool:
+        """Like :meth:`add` for a value read from ``stream`` in chunks (never whole in memory)."""
+        with self._writing():
+            return self._cache().add(key, stream, read=True, retry=True)
 
     def delete(self, key: str) -> bool:
-        return self._cache().delete(key, retry=True)
+        with self._writing():
+            return self._cache().delete(key, retry=True)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A damaged index fails a write with one CacheError that says how to repair it."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+                raise CacheError(f"cannot write {self._db}: {exc} (another writer held it for {WRITE_TIMEOUT_S:.0f} s)") from None
+            if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
+                raise CacheError(f"cannot write {self._db}: {exc}; free space and retry (the cache is intact)") from None
+            raise DamagedCacheError(f"cannot write {self._db}: {exc}; run `ctbuild cache verify --repair --cache "
+                                    f"{self.directory.parent}`") from None
+
+    def delete_row(self, rowid: int) -> bool:
+        """Delete a row by rowid: the only handle on a row whose key is pickled or not text."""
+        if self.readonly:
+            raise ReadOnlyCacheError(f"{self.directory} is read-only")
+        rows = self._query("SELECT filename FROM Cache WHERE rowid = ?", (rowid,))
+        if not rows:
+            return False
+        con = self._con()
+        assert con is not None  # the query above found the row
+        try:
+            deleted = con.execute("DELETE FROM Cache WHERE rowid = ?", (rowid,)).rowcount > 0
+        except sqlite3.Error as exc:
+            raise DamagedCacheError(f"cannot delete row {rowid} of {self._db}: {exc}") from None
+        if deleted and rows[0][0]:
+            self.remove_file(self.directory / rows[0][0])
+        return deleted
 
     def touch(self, rowid: int) -> None:
         """Record an access for LRU eviction. Best effort: a busy database only skips the update."""
@@ -237,8 +311,8 @@ class Namespace:
             return
         try:
             con.execute("UPDATE Cache SET access_time = ? WHERE rowid = ?", (time.time(), rowid))
-        except sqlite3.OperationalError:
-            pass
+        except sqlite3.Error:
+            pass  # busy, or a damaged page: the read itself already succeeded
 
     def remove_file(self, path: Path) -> None:
         if self.readonly:

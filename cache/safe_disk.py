@@ -6,6 +6,9 @@ refuses to write anything but ``str`` keys and ``bytes``/``str`` values, and ref
 pickled key or value (whoever planted it: an older tool, plain diskcache, an attacker).
 """
 
+import contextlib
+import os
+import threading
 from typing import Any
 
 import diskcache
@@ -19,6 +22,10 @@ SAFE_MODES = frozenset({MODE_RAW, MODE_BINARY, MODE_TEXT})
 class SafeDisk(diskcache.Disk):
     """Serialisation for the cache's diskcache instances: str keys; bytes or str values only."""
 
+    def __init__(self, directory: str, **settings: Any) -> None:
+        super().__init__(directory, **settings)
+        self._local = threading.local()
+
     def put(self, key: Any) -> tuple[str, bool]:
         if type(key) is not str:
             raise TypeError(f"cache keys must be str, not {type(key).__name__}")
@@ -30,9 +37,26 @@ class SafeDisk(diskcache.Disk):
         return key
 
     def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> tuple:
-        if read or type(value) not in (bytes, str):
+        """Store bytes, text, or (``read=True``) the bytes of a binary stream, copied in chunks.
+
+        A write that fails part-way (a full disk) removes its value file: nothing half-written stays.
+        """
+        if not read and type(value) not in (bytes, str):
             raise TypeError(f"cache values must be bytes or str, not {type(value).__name__}")
-        return super().store(value, False, key=key)
+        self._local.path = None
+        try:
+            return super().store(value, read, key=key)
+        except BaseException:
+            if self._local.path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._local.path)
+                    os.removedirs(os.path.dirname(self._local.path))  # the empty ab/cd/ dirs; stops at a non-empty one
+            raise
+
+    def filename(self, key: Any = UNKNOWN, value: Any = UNKNOWN) -> tuple[str, str]:
+        name, full_path = super().filename(key, value)
+        self._local.path = full_path  # remembered so a failed write can remove it
+        return name, full_path
 
     def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
         if mode not in SAFE_MODES:

@@ -7,6 +7,9 @@ Invariants every method keeps, whatever other processes do to the same directory
 * A blob is re-hashed on every read; a mismatch is a miss (never a bad CUBIN), logged once per digest,
   counted, and the bad bytes are moved to ``quarantine/`` when the store is writable.
 * Nothing read is ever unpickled (:mod:`cache.safe_disk`); anything not bytes/JSON is refused.
+* A read that SQLite or the OS cannot complete (a damaged index page, an I/O error) is a miss,
+  logged once and counted in ``stats()["read_errors"]``; :attr:`Store.damage` says what failed, so
+  a strict caller can say the cache is damaged and how to repair it (``cache verify --repair``).
 """
 
 from __future__ import annotations
@@ -16,17 +19,20 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence, TypeVar
+
+import xxhash
 
 from . import bundle, eviction, integrity
 from .digest import digest_of, is_digest
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
-from .errors import CacheError, ReadOnlyCacheError, UnsafeValueError
+from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError, UnsafeValueError
 from .jsontext import dumps, loads_object
-from .layout import QUARANTINE_DIR, check_layout, open_namespaces
+from .layout import QUARANTINE_DIR, Namespaces, check_layout, open_namespaces
 from .namespace import Namespace, RowInfo
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -43,13 +49,15 @@ class CompileHit:
 class Store:
     """A content-addressed kernel cache in one directory, shared safely by many processes."""
 
-    def __init__(self, path: str | os.PathLike, *, size_limit: int | None = None, readonly: bool | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, *, size_limit: int | None = None, readonly: bool | None = None,
+                 on_damage: Callable[[str], None] | None = None) -> None:
         """Open (creating it when writable) the cache at ``path``.
 
         ``readonly=None`` detects an unwritable directory and opens it read-only with one warning;
         ``readonly=False`` insists on writing (ReadOnlyCacheError otherwise). ``size_limit`` (bytes of
         blobs) is the budget :meth:`gc` enforces when called without one; stores never evict on
         their own, so a farm of writers cannot evict each other's fresh work mid-build.
+        ``on_damage(message)`` is called once, on the first read that fails on a damaged cache.
         """
         if size_limit is not None and size_limit < 0:
             raise ValueError(f"size_limit must be >= 0 bytes, got {size_limit}")
@@ -61,10 +69,29 @@ class Store:
         self._digest_failures = 0
         self._refused = 0
         self._reported: set[tuple[str, str]] = set()
+        self._read_errors = 0
+        self._damage: str | None = None
+        self.on_damage = on_damage
+        self._verified_blobs: set[str] = set()
 
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def damage(self) -> str | None:
+        """The first read error this process met (a damaged index or value file), else None."""
+        return self._damage
+
+    @property
+    def namespaces(self) -> Namespaces:
+        """The four namespaces, for the maintenance modules (verify, gc, bundles); lookups should
+        use the typed methods, which verify digests and refuse unsafe values."""
+        return self._ns
+
+    def repair_hint(self) -> str:
+        """The command that repairs this cache, for messages."""
+        return f"`ctbuild cache verify --repair --cache {self._path}`, then `ctbuild precompile` rebuilds what was lost"
 
     @property
     def readonly(self) -> bool:
@@ -106,9 +133,37 @@ class Store:
             self._refuse(self._ns.blobs, digest, "value is text, not bytes")
             return None
         if digest_of(data) != digest:
-            self._corrupt_blob(digest, data)
+            self.quarantine_blob(digest, data)
             return None
+        self._verified_blobs.add(digest)
         return data
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether a blob row exists for ``digest`` (an index lookup; the bytes are not checked)."""
+        return self._index(lambda: self._ns.blobs.contains(digest), False)
+
+    def put_blob_stream(self, digest: str, stream: IO[bytes]) -> bool:
+        """Store the bytes read from ``stream`` under ``digest`` in chunks; True if added.
+
+        The bytes are hashed as they are copied: if they do not match ``digest`` the blob is removed
+        again and CacheError raised, so nothing unverified stays in the cache.
+        """
+        if not is_digest(digest):
+            raise ValueError(f"not a digest: {digest!r}")
+        self._require_writable("store a blob")
+        if self.has_blob(digest) and self.get_blob(digest) is not None:
+            return False
+        hashing = _HashingReader(stream)
+        added = self._ns.blobs.add_stream(digest, hashing)
+        if added and hashing.hexdigest() != digest:
+            self._ns.blobs.delete(digest)
+            raise CacheError(f"blob {digest} changed while being stored (its bytes hash to {hashing.hexdigest()})")
+        return added
+
+    def delete_blob(self, digest: str) -> bool:
+        self._require_writable("delete a blob")
+        self._verified_blobs.discard(digest)
+        return self._ns.blobs.delete(digest)
 
     def _store_blob(self, digest: str, data: bytes) -> None:
         # An existing blob is re-verified: a corrupt copy is quarantined and replaced, not trusted.
@@ -116,8 +171,11 @@ class Store:
             return
         self._ns.blobs.add(digest, data)
 
-    def _corrupt_blob(self, digest: str, data: bytes) -> None:
+    def quarantine_blob(self, digest: str, data: bytes) -> None:
+        """Count a blob that failed its digest check (logged once), keep its bytes in quarantine/
+        and drop it when the store is writable."""
         self._digest_failures += 1
+        self._verified_blobs.discard(digest)
         if ("blobs", digest) not in self._reported:
             self._reported.add(("blobs", digest))
             log.error(
@@ -180,9 +238,17 @@ class Store:
         return CompileHit(key, cubin, entry["symbol"], entry)
 
     def has_compile(self, key: str) -> bool:
-        """Whether ``key`` has an entry whose blob exists (two index lookups; no blob is read)."""
-        exists, digest = self._ns.compile.tag_of(key)
-        return exists and digest is not None and self._ns.blobs.contains(digest)
+        """Whether ``key`` has an entry whose blob is intact — what a build may skip.
+
+        Each blob is re-hashed the first time this process asks about it (then remembered), so a
+        build skips only keys whose CUBIN verifies; a corrupt blob is quarantined and reads as a miss.
+        """
+        exists, digest = self._index(lambda: self._ns.compile.tag_of(key), (False, None))
+        if not exists or digest is None:
+            return False
+        if digest in self._verified_blobs:
+            return self.has_blob(digest)
+        return self.get_blob(digest) is not None
 
     def compile_entries(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every readable compile entry as (key, entry JSON); blobs are not read."""
@@ -238,21 +304,35 @@ class Store:
                     removed += ns.delete(k)
         return removed
 
+    def integrity(self) -> dict[str, str]:
+        """Namespaces whose index fails SQLite's quick check, with what it found (empty: all sound).
+        Reads every index page once; no value file is read."""
+        found = {}
+        for ns in self._ns.all():
+            problem = ns.quick_check()
+            if problem is not None:
+                found[ns.directory.name] = problem
+        return found
+
     def stats(self) -> dict[str, Any]:
-        """Counts and sizes (cheap: no blob is read). ``bytes`` counts blob bytes."""
-        size = self._ns.blobs.total_size()
+        """Counts and sizes (no blob is read) and the index check of :meth:`integrity`.
+        ``bytes`` counts blob bytes; a damaged namespace counts what is still readable (or 0)."""
+        damaged = self.integrity()
+        size = self._index(self._ns.blobs.total_size, 0)
         return {
             "path": str(self._path),
             "readonly": self._readonly,
-            "blobs": self._ns.blobs.count(),
-            "compile_entries": self._ns.compile.count(),
-            "tuning_records": self._ns.tuning.count(),
-            "toolchains": self._ns.toolchains.count(),
+            "damaged": damaged,
+            "blobs": self._index(self._ns.blobs.count, 0),
+            "compile_entries": self._index(self._ns.compile.count, 0),
+            "tuning_records": self._index(self._ns.tuning.count, 0),
+            "toolchains": self._index(self._ns.toolchains.count, 0),
             "bytes": size,
             "size_limit": self.size_limit,
             "over_limit": None if self.size_limit is None else size > self.size_limit,
             "digest_failures": self._digest_failures,
             "refused_values": self._refused,
+            "read_errors": self._read_errors,
         }
 
     def verify(self, *, repair: bool = False) -> dict[str, Any]:
@@ -268,16 +348,24 @@ class Store:
         limit = self.size_limit if size_limit is None else size_limit
         return eviction.collect(self, size_limit=limit, evict_tuned=evict_tuned, orphan_grace_s=orphan_grace_s)
 
-    def export_bundle(self, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None = None) -> dict[str, Any]:
-        """Write entries (of ``archs`` only, if given) and their blobs to a tar bundle; see :mod:`cache.bundle`."""
-        return bundle.export_bundle(self, file, archs=archs)
+    def export_bundle(self, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None = None,
+                      sign_key: bytes | None = None) -> dict[str, Any]:
+        """Write entries (of ``archs`` only, if given) and their blobs to a tar bundle, signed with
+        ``sign_key`` (HMAC-SHA256) if given; see :mod:`cache.bundle`."""
+        return bundle.export_bundle(self, file, archs=archs, sign_key=sign_key)
 
-    def import_bundle(self, file: str | os.PathLike | IO[bytes]) -> dict[str, Any]:
-        """Verify a bundle completely, then merge it in (idempotent); see :mod:`cache.bundle`."""
+    def import_bundle(self, file: str | os.PathLike | IO[bytes], *, require_key: bytes | None = None,
+                      max_member_size: int = bundle.MAX_MEMBER_SIZE) -> dict[str, Any]:
+        """Verify a bundle completely (and its signature with ``require_key``), then merge it in
+        (idempotent); see :mod:`cache.bundle`."""
         self._require_writable("import a bundle")
-        return bundle.import_bundle(self, file)
+        return bundle.import_bundle(self, file, require_key=require_key, max_member_size=max_member_size)
 
-    # -- internals shared with integrity/eviction/bundle -------------------------------------
+    def read_entry(self, ns: Namespace, key: str) -> tuple[RowInfo, bytes | str] | None:
+        """A row and its raw value from one of :attr:`namespaces` (None: absent, unsafe or unreadable)."""
+        return self._read(ns, key)
+
+    # -- internals ---------------------------------------------------------------------------
 
     def _require_writable(self, action: str) -> None:
         if self._readonly:
@@ -294,6 +382,29 @@ class Store:
         except UnsafeValueError as exc:
             self._refuse(ns, key, str(exc))
             return None
+        except CacheError as exc:
+            self._read_failed(exc)
+            return None
+
+    def _index(self, lookup: Callable[[], _T], fallback: _T) -> _T:
+        """Run an index lookup; a read error is a miss (``fallback``), logged once and counted."""
+        try:
+            return lookup()
+        except CacheError as exc:
+            self._read_failed(exc)
+            return fallback
+
+    def _read_failed(self, exc: CacheError) -> None:
+        self._read_errors += 1
+        if not isinstance(exc, DamagedCacheError):
+            log.warning("cache %s: %s; treated as a miss", self._path, exc)
+            return
+        if self._damage is None:
+            self._damage = str(exc)
+            log.error("cache %s is damaged (%s): every lookup it breaks is a miss; repair: %s",
+                      self._path, exc, self.repair_hint())
+            if self.on_damage is not None:
+                self.on_damage(str(exc))
 
     def _parse(self, ns: Namespace, key: str, value: bytes | str, required: Sequence[str]) -> dict[str, Any] | None:
         problem = entry_problem(value, required)
@@ -303,7 +414,7 @@ class Store:
         return loads_object(value)  # type: ignore[arg-type]  # entry_problem checked it is JSON text
 
     def _entries(self, ns: Namespace, required: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-        for info in ns.rows():
+        for info in self._index(ns.rows, []):
             if info.key is None:
                 self._refuse(ns, f"rowid {info.rowid}", "key is pickled or not text")
                 continue
@@ -311,6 +422,9 @@ class Store:
                 value = ns.value_of(info)
             except UnsafeValueError as exc:
                 self._refuse(ns, info.key, str(exc))
+                continue
+            except CacheError as exc:
+                self._read_failed(exc)
                 continue
             if value is not None and (entry := self._parse(ns, info.key, value, required)) is not None:
                 yield info.key, entry
@@ -326,6 +440,22 @@ class Store:
         if what not in self._reported:
             self._reported.add(what)
             log.error(message, self._path, *args)
+
+
+class _HashingReader:
+    """A binary stream that hashes what is read through it (bundle blobs are stored in chunks)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._hasher = xxhash.xxh3_128()
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._stream.read(size)
+        self._hasher.update(chunk)
+        return chunk
+
+    def hexdigest(self) -> str:
+        return self._hasher.hexdigest()
 
 
 def _check_key(key: object, what: str) -> None:

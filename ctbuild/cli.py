@@ -1,11 +1,22 @@
 """The ``ctbuild`` command line. Each subcommand lives in `ctbuild.commands.<name>` and is
-imported only when used, so ``ctbuild cache stats`` on a GPU node never imports Ray."""
+imported only when used, so ``ctbuild cache stats`` on a GPU node never imports Ray or the
+kernel-declaration machinery.
+
+Whatever a command raises ends here as one line on stderr, never a traceback (``-v`` shows it):
+bad input — a config, a declaration, a kernel module that fails to import, a cache that cannot be
+used — exits 2; an environment failure (a full disk) or an internal error exits 1; output into a
+closed pipe (``ctbuild plan | head -1``) stops quietly with exit 0, as ``git log | head`` does.
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import os
 import sys
+import sysconfig
+import traceback
+from pathlib import Path
 
 from . import __version__
 
@@ -28,29 +39,100 @@ typical flow:
 Run 'ctbuild COMMAND --help' for each command's options.
 """
 
+#: Errors that mean "the input is wrong" (exit 2), by module and class name: looked up in
+#: sys.modules, so classifying an error never imports anything.
+BAD_INPUT = (("ctbuild.config", "ConfigError"), ("ctbuild.declare", "DeclarationError"),
+             ("ctbuild.toolchain", "ToolchainError"), ("ctbuild.miss_policy", "RuntimeConfigError"),
+             ("cache.errors", "CacheError"))
+#: Our own code: a traceback whose deepest frame is here (and not in user code) is our bug.
+OWN_DIRS = tuple(str(Path(__file__).resolve().parent.parent / name) + os.sep
+                 for name in ("ctbuild", "cache", "farm"))
+LIBRARY_DIRS = tuple({str(Path(p).resolve()) + os.sep for key, p in sysconfig.get_paths().items()
+                      if key in ("stdlib", "platstdlib", "purelib", "platlib")})
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that subcommand's module is imported (the others are
+    listed with their summaries), else every subcommand is built (for docs/gen_cli.py)."""
     parser = argparse.ArgumentParser(
         prog="ctbuild", description="Precompile and autotune cuTile kernels at build time.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ctbuild {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log debug messages (and show tracebacks)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, summary in COMMANDS.items():
-        module = importlib.import_module(f"ctbuild.commands.{name}")
-        module.add_parser(sub, name, summary)
+        if only is None or name == only:
+            importlib.import_module(f"ctbuild.commands.{name}").add_parser(sub, name, summary)
+        else:
+            sub.add_parser(name, help=summary, description=summary)
     return parser
 
 
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is one), else None."""
+    return next((word for word in argv if word in COMMANDS), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="ctbuild: %(levelname)s: %(message)s")
-    if not args.command:
-        parser.print_help()
-        return 2
-    return int(args.run(args) or 0)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verbose = "-v" in argv or "--verbose" in argv
+    try:
+        parser = build_parser(only=chosen_command(argv))
+        args = parser.parse_args(argv)
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                            format="ctbuild: %(levelname)s: %(message)s")
+        if not args.command:
+            parser.print_help()
+            code = 2
+        else:
+            code = int(args.run(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
+    except KeyboardInterrupt:
+        print("ctbuild: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place that turns any error into one line
+        message, code = describe_error(exc)
+        if verbose:
+            traceback.print_exc()
+        print(f"ctbuild: error: {message}", file=sys.stderr)
+        return code
+
+
+def describe_error(exc: BaseException) -> tuple[str, int]:
+    """One line saying what went wrong and where, and the exit code (2 bad input, 1 otherwise)."""
+    bad_input = tuple(getattr(sys.modules[module], name) for module, name in BAD_INPUT
+                      if module in sys.modules)
+    text = str(exc).strip() or type(exc).__name__
+    if bad_input and isinstance(exc, bad_input):
+        return text, 2
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        hint = "; free space and re-run (finished work is kept)" if exc.errno == 28 else ""
+        return f"{exc.strerror or text}{where}{hint}", 1
+    frame = user_frame(exc)
+    if frame is not None:
+        return (f"{type(exc).__name__}: {text} (in {frame.filename}:{frame.lineno}, "
+                f"{frame.name}); fix that code, or run with -v for the traceback"), 2
+    tb = traceback.extract_tb(exc.__traceback__)
+    at = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    return (f"internal error: {type(exc).__name__}: {text}{at}; please report it with the "
+            "output of the same command run with -v"), 1
+
+
+def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The deepest frame of the traceback in the user's code (not ctbuild, not a library)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return traceback.FrameSummary(exc.filename, exc.lineno or 0, "<module>")
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else ""
+        if path and not path.startswith(OWN_DIRS) and not path.startswith(LIBRARY_DIRS):
+            return frame
+    return None
 
 
 if __name__ == "__main__":

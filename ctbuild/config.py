@@ -9,12 +9,13 @@ import importlib
 import os
 import sys
 import tomllib
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .arch import Arch, parse_archs
-from .declare import DEFAULT_CAP, TunedKernel, registered
+from .declare import DEFAULT_CAP, DeclarationError, TunedKernel, registered
 from .device_table import parse_devices
 
 DEFAULT_CACHE_DIR = ".ctbuild-cache"
@@ -48,10 +49,16 @@ class Project:
         for name in self.modules:
             try:
                 importlib.import_module(name)
-            except ImportError as exc:
+            except DeclarationError:
+                raise  # already names the kernel and the fix
+            except ModuleNotFoundError as exc:
+                if exc.name is None or not name.startswith(exc.name):  # a module *it* imports
+                    raise ConfigError(self._import_failure(name, exc)) from exc
                 raise ConfigError(f"{self.where}: cannot import module {name!r}: {exc} "
                                   f"(searched {', '.join(map(str, self.paths)) or 'sys.path'})"
                                   ) from exc
+            except Exception as exc:  # noqa: BLE001 - user code: any error is reported, one line
+                raise ConfigError(self._import_failure(name, exc)) from exc
         found = [k for k in registered() if k.module in self.modules]
         if not found:
             raise ConfigError(f"{self.where}: modules {self.modules} declare no "
@@ -61,6 +68,27 @@ class Project:
     @property
     def where(self) -> str:
         return str(self.path) if self.path else "configuration"
+
+    def _import_failure(self, name: str, exc: BaseException) -> str:
+        """One line: which file and line of the kernel module failed, and how."""
+        if isinstance(exc, SyntaxError):
+            where, what = f"{exc.filename}:{exc.lineno}", f"SyntaxError: {exc.msg}"
+        else:
+            frames = traceback.extract_tb(exc.__traceback__)
+            ours = [f for f in frames if any(_within(f.filename, p) for p in self.paths)]
+            frame = (ours or frames)[-1]
+            where, what = f"{frame.filename}:{frame.lineno}", f"{type(exc).__name__}: {exc}"
+        return (f"kernel module {name!r} (from {self.where}) failed to import at {where}: {what}; "
+                "fix it, or run with -v for the traceback")
+
+
+def _within(filename: str, directory: Path) -> bool:
+    if filename.startswith("<"):  # <string>, <frozen ...>: not a file
+        return False
+    try:
+        return Path(filename).resolve().is_relative_to(directory)
+    except (OSError, ValueError):
+        return False
 
 
 def _discover(start: Path) -> Path | None:
@@ -72,12 +100,17 @@ def _discover(start: Path) -> Path | None:
     return None
 
 
-def load_project(path: str | os.PathLike | None = None, *, archs: str | None = None,
+def load_project(path: str | os.PathLike | None = None, *, archs: str | list[str] | None = None,
                  cache_dir: str | None = None, cap: int | None = None) -> Project:
     """Read the config file (or discover one in the current directory) and apply overrides."""
     file = Path(path) if path else _discover(Path.cwd())
     table: dict[str, Any] = {}
     if file is not None:
+        if file.is_dir():
+            inside = _discover(file)
+            raise ConfigError(f"--config {file} is a directory; pass the config file itself"
+                              + (f", e.g. --config {inside}" if inside else
+                                 " (it holds no ctbuild.toml or pyproject.toml with [tool.ctbuild])"))
         if not file.is_file():
             raise ConfigError(f"config file {file} does not exist")
         try:
@@ -111,6 +144,9 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | None = N
     chosen = cache_dir or os.environ.get("CTBUILD_CACHE_DIR") or table.get("cache_dir")
     project.cache_dir = (base / chosen).resolve() if chosen and not cache_dir and \
         not os.environ.get("CTBUILD_CACHE_DIR") else Path(chosen or DEFAULT_CACHE_DIR).resolve()
+    if file is None:
+        raise ConfigError(f"no config file found: {Path.cwd()} has no ctbuild.toml and no pyproject.toml "
+                          "with [tool.ctbuild]; pass --config PATH or run from the project directory")
     if not project.modules:
         raise ConfigError(f"{project.where}: no modules to import; set modules = [\"pkg.kernels\"]")
     return project

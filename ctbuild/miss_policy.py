@@ -73,6 +73,29 @@ class Settings:
                    record=Path(record) if record else None)
 
 
+#: Cache directories a read failed on (damaged index or value file) -> what failed; filled by the
+#: runtime context from its store, read by the miss messages so strict mode says why it missed.
+_DAMAGED: dict[Path, str] = {}
+
+
+def note_damage(cache_dir: Path, detail: str | None) -> None:
+    """Record (``detail``) or forget (None: a fresh context) that a cache is damaged."""
+    if detail is None:
+        _DAMAGED.pop(Path(cache_dir), None)
+    else:
+        _DAMAGED[Path(cache_dir)] = detail
+
+
+def damage_note(cache_dir: Path) -> str:
+    """A closing line saying the cache is damaged and how to repair it ('' when it is not)."""
+    detail = _DAMAGED.get(Path(cache_dir))
+    if detail is None:
+        return ""
+    return (f"\n  The cache is DAMAGED ({detail}): that is why this lookup missed. Repair it with "
+            f"`ctbuild cache verify --repair --cache {cache_dir}`, then `ctbuild precompile` rebuilds "
+            "what was lost.")
+
+
 def _short(text: str, n: int = 16) -> str:
     return text if len(text) <= n else text[:n]
 
@@ -91,7 +114,8 @@ def tuning_miss_message(*, kernel: str, module: str, tuning_key: Any, arch: str,
         f"--arch {arch}`), then run `ctbuild precompile --config ctbuild.toml --arch {arch}` "
         f"and `ctbuild tune --config ctbuild.toml` on a {gpu} with CTBUILD_CACHE_DIR="
         f"{cache_dir}.\n"
-        f"  Or set CTBUILD_MODE=default (default config, JIT) or CTBUILD_MODE=tune (tune online).")
+        f"  Or set CTBUILD_MODE=default (default config, JIT) or CTBUILD_MODE=tune (tune online)."
+        + damage_note(cache_dir))
 
 
 def cubin_miss_message(*, kernel: str, module: str, config: Any, arch: str, key: str,
@@ -108,7 +132,7 @@ def cubin_miss_message(*, kernel: str, module: str, config: Any, arch: str, key:
         f"{cache_dir} (add this workload to workloads=[...], or record misses with "
         f"CTBUILD_RECORD=misses.jsonl and use `ctbuild precompile --from-record misses.jsonl "
         f"--arch {arch}`).\n"
-        f"  Or set CTBUILD_MODE=default to JIT-compile it (needs tileiras).")
+        f"  Or set CTBUILD_MODE=default to JIT-compile it (needs tileiras)." + damage_note(cache_dir))
 
 
 @dataclass

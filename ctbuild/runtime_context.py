@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .arch import Arch
-from .miss_policy import CacheMissError, MissLog, Settings, cubin_miss_message, parse_mode
+from .miss_policy import (CacheMissError, MissLog, RuntimeConfigError, Settings, cubin_miss_message,
+                          note_damage, parse_mode)
 from .served import STATS, CubinSource, ServedKernel
 from .space import Config
 
@@ -37,7 +38,12 @@ class RuntimeContext:
                               ).expanduser().absolute()
         self.mode = self.settings.mode
         self.misses = MissLog(record=self.settings.record)
+        note_damage(self.cache_dir, None)
         self.store = store if store is not None else self._open_store()
+        if self.store is not None and hasattr(self.store, "on_damage"):
+            self.store.on_damage = self._on_damage
+            if self.store.damage is not None:
+                self._on_damage(self.store.damage)
         self.toolchain_fp = self._select_toolchain()
         self.source = CubinSource(self.store, self.toolchain_fp, on_miss=self.on_cubin_miss)
         self._devices: dict[int, tuple[str, str]] = {}
@@ -49,17 +55,36 @@ class RuntimeContext:
     def _open_store(self) -> Any:
         from cache import Store
         try:
-            return Store(self.cache_dir)
+            return Store(self.cache_dir, on_damage=self._on_damage)
         except Exception as exc:  # a broken or foreign cache dir: every lookup is a miss
             log.error("ctbuild: cannot open the cache at %s: %s; every lookup is a miss",
                       self.cache_dir, exc)
             return None
 
+    def _on_damage(self, detail: str) -> None:
+        """A read failed on a damaged cache: lookups are misses; strict-mode errors say why."""
+        note_damage(self.cache_dir, detail)
+
     def _select_toolchain(self) -> str | None:
+        """The fingerprint of the toolchain the cache's entries were built with, for this env.
+
+        An unclassified ``CUDA_TILE_*`` variable makes that unknowable: in default and tune mode
+        it is one warning and every lookup a miss (default config, JIT), never a per-call error;
+        strict mode refuses to serve with one message."""
         if self.store is None:
             return None
-        from .toolchain import select_recorded
-        fp = select_recorded(self.store.toolchains())
+        from .toolchain import ToolchainError, select_recorded
+        try:
+            fp = select_recorded(self.store.toolchains())
+        except ToolchainError as exc:
+            if self.mode == "strict":
+                raise RuntimeConfigError(
+                    f"ctbuild: {exc}. Strict mode serves only CUBINs built for this exact "
+                    "environment, so it refuses to serve; unset the variable (or set "
+                    "CTBUILD_MODE=default to run on the default configs with JIT)") from None
+            log.warning("ctbuild: %s; serving no CUBIN or tuning record from the cache at %s "
+                        "(every call is a miss: default config, JIT-compiled)", exc, self.cache_dir)
+            return None
         if fp is None:
             log.warning("ctbuild: the cache at %s records no toolchain for this cuda-tile "
                         "version and env: no CUBIN can be served from it", self.cache_dir)

@@ -13,6 +13,11 @@
 #   CONFIG     the project's ctbuild.toml                 (default examples/ctbuild.toml)
 #   BUNDLES    a directory of `ctbuild cache export` bundles (tuning records from GPU nodes),
 #              imported before precompiling               (default examples/bundles)
+#   BUNDLE_KEY a key file: import only bundles signed with it (`ctbuild cache export --sign`);
+#              in Docker, mount it as a build secret, never COPY it      (default: unset)
+#              Unset, bundles are imported unsigned: their digests catch damage, not forgery,
+#              so that is only right for bundles committed to this source tree, which are
+#              reviewed like code. Bundles from anywhere else need BUNDLE_KEY.
 #   PYTHON     the interpreter to install into            (default python3)
 set -eu
 
@@ -20,6 +25,7 @@ CACHE_DIR=${CACHE_DIR:-/opt/ctbuild-cache}
 ARCHS=${ARCHS:-sm_90,sm_100}
 CONFIG=${CONFIG:-examples/ctbuild.toml}
 BUNDLES=${BUNDLES:-examples/bundles}
+BUNDLE_KEY=${BUNDLE_KEY:-}
 PYTHON=${PYTHON:-python3}
 
 install() {
@@ -31,7 +37,12 @@ install() {
 precompile() {
     for bundle in "$BUNDLES"/*.tgz "$BUNDLES"/*.tar "$BUNDLES"/*.tar.gz "$BUNDLES"/*.tar.xz; do
         [ -f "$bundle" ] || continue
-        ctbuild cache import --cache "$CACHE_DIR" "$bundle"
+        if [ -n "$BUNDLE_KEY" ]; then
+            ctbuild cache import --cache "$CACHE_DIR" --require-signature "$BUNDLE_KEY" "$bundle"
+        else
+            echo "importing $bundle unsigned: trusted as part of this source tree (set BUNDLE_KEY to require a signature)"
+            ctbuild cache import --cache "$CACHE_DIR" "$bundle"
+        fi
     done
     ctbuild precompile --config "$CONFIG" --arch "$ARCHS" --cache "$CACHE_DIR" "$@"
     ctbuild cache verify --cache "$CACHE_DIR"

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, RUNTIME_TOOLCHAIN, run_cli
 
 PROJECT = ROOT / "tests" / "fixtures" / "coverage_project"
@@ -109,6 +108,7 @@ def test_constant_derived_from_a_dynamic_dim_warns(tmp_path: Path) -> None:
 
 def test_derived_constants_found(cov, monkeypatch: pytest.MonkeyPatch) -> None:
     import cov_kernels.derived as d
+
     from ctbuild.coverage import derived_constants
     found = derived_constants(d.seq_constant)
     assert [f["parameter"] for f in found] == ["SEQ"] and "declare the values" in \
@@ -234,9 +234,9 @@ def test_jit_without_tileiras_is_a_counted_miss_not_a_compile(cov, runtime_store
     """Where tileiras is absent, a JIT attempt raises CacheMissError (not FileNotFoundError)
     and counts as a failure, never in ``jit_compiles``."""
     import cuda.tile._compile as cc
+    from cuda.tile._cext import default_tile_context
 
     from ctbuild import runtime
-    from ctbuild.compiler import _context
     from ctbuild.miss_policy import CacheMissError
     from ctbuild.served import STATS, ServedKernel
     from ctbuild.signature import derive_signature
@@ -254,6 +254,6 @@ def test_jit_without_tileiras_is_a_counted_miss_not_a_compile(cov, runtime_store
     served = ServedKernel(k, cfg, ctx.source)
     before = (STATS.jit_compiles, STATS.jit_failures)
     with pytest.raises(CacheMissError, match="cannot be JIT-compiled"):
-        served.jit_compile(signature, _context(None), "sm_90")
+        served.jit_compile(signature, default_tile_context, "sm_90")
     assert (STATS.jit_compiles, STATS.jit_failures) == (before[0], before[1] + 1)
     assert runtime.stats()["jit_compiles"] == before[0]

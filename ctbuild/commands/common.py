@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any, Callable
 
@@ -26,14 +27,24 @@ def positive_int(text: str) -> int:
 
 
 def positive_seconds(text: str) -> float:
-    """argparse type for timeouts such as ``--compile-timeout``."""
+    """argparse type for timeouts such as ``--compile-timeout`` (finite: ``inf`` would never fire)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not math.isfinite(value) or not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (a finite number of seconds), got {text}")
     return value
+
+
+def arch_list(text: str) -> list[str]:
+    """argparse type for ``--arch``: comma-separated, none empty (``sm_90,,`` is a typo, not
+    ``sm_90``); whether each arch is known is checked with the config (`ctbuild.arch`)."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty arch; give comma-separated archs, e.g. sm_90,sm_100")
+    return items
 
 
 def add_project_args(parser: argparse.ArgumentParser, *, archs: bool = True,
@@ -42,7 +53,7 @@ def add_project_args(parser: argparse.ArgumentParser, *, archs: bool = True,
                         help="ctbuild.toml or pyproject.toml with [tool.ctbuild] "
                              "(default: found in the current directory)")
     if archs:
-        parser.add_argument("--arch", metavar="LIST",
+        parser.add_argument("--arch", metavar="LIST", type=arch_list,
                             help="target archs, comma-separated, e.g. sm_90,sm_100 "
                                  "(default: the config's archs)")
     if cache:

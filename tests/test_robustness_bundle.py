@@ -1,0 +1,211 @@
+"""Hostile bundles: a decompression/size bomb, unreferenced blobs, a failed write part-way, and
+authenticity (signed bundles; a tampered or unsigned one refused when a signature is required).
+
+Imports run in real `python -m cache` child processes; memory is the child's own ru_maxrss."""
+
+import gzip
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from cache import CacheError, Store, digest_of
+from cache import bundle as bundle_mod
+
+REPO = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+
+
+def env() -> dict:
+    full = {k: v for k, v in os.environ.items() if k != "CTBUILD_CACHE_DIR"}
+    full.update({"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"})
+    return full
+
+
+def run_cache(*args: str, preexec=None) -> tuple[int, str, str]:
+    """Run `python -m cache ARGS`; returns (exit code, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "cache", *args], env=env(), capture_output=True, text=True,
+                          preexec_fn=preexec, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+#: Runs argv[1:] and prints the child's exit code and own peak RSS (ru_maxrss survives exec, so
+#: the child is forked from this small launcher, not from the test process).
+LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+_, status, usage = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
+"""
+
+
+def peak_rss(*args: str) -> tuple[int, str, int]:
+    """Run `python -m cache ARGS`; returns (exit code, stderr, the child's own peak RSS in bytes)."""
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, "-m", "cache", *args], env=env(), capture_output=True,
+                          text=True, timeout=120)
+    code, rss = proc.stdout.split()[-2:]
+    return int(code), proc.stderr, int(rss)
+
+
+def member_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = size, 0o644
+    return info.tobuf(tarfile.PAX_FORMAT)
+
+
+def pad(size: int) -> bytes:
+    return b"\0" * (-size % 512)
+
+
+MANIFEST = json.dumps({"format": "ctbuild-cache-bundle", "version": 1}).encode()
+
+
+def write_bomb(out: io.RawIOBase | gzip.GzipFile, blob_size: int, *, sparse: bool) -> None:
+    """A valid-looking bundle whose one blob (referenced by no entry) is ``blob_size`` zero bytes,
+    written without ever holding it: seeked over (sparse) or streamed in chunks."""
+    for name, data in (("manifest.json", MANIFEST), ("compile.json", b"{}")):
+        out.write(member_header(name, len(data)) + data + pad(len(data)))
+    out.write(member_header(f"blobs/{'ab' * 16}", blob_size))
+    if sparse:
+        out.seek(blob_size, os.SEEK_CUR)
+    else:
+        for start in range(0, blob_size, 1 << 22):
+            out.write(b"\0" * min(1 << 22, blob_size - start))
+    out.write(pad(blob_size) + b"\0" * 1024)
+
+
+def tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")} if root.exists() else set()
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tgz"])
+def test_a_1gib_bomb_is_refused_with_bounded_memory_and_nothing_written(tmp_path, suffix):
+    bomb = tmp_path / f"bomb{suffix}"
+    if suffix == ".tar":
+        with open(bomb, "wb") as f:
+            write_bomb(f, GIB, sparse=True)
+    else:
+        with gzip.open(bomb, "wb", compresslevel=1) as f:
+            write_bomb(f, GIB, sparse=False)
+        assert bomb.stat().st_size < 8 * 2**20  # a few MiB that claim a GiB
+    dst = tmp_path / "dst"
+    Store(dst).close()
+    before = tree(dst)
+    code, stderr, rss = peak_rss("import", "--cache", str(dst), str(bomb))
+    assert code == 2, stderr
+    assert "above the 256 MiB limit" in stderr and "nothing was imported" in stderr
+    assert "Traceback" not in stderr
+    assert rss < 100 * 2**20, f"peak RSS {rss / 2**20:.0f} MiB"
+    assert tree(dst) == before
+
+
+def test_member_limit_is_configurable_and_unreferenced_blobs_are_refused(tmp_path):
+    bundle = tmp_path / "b.tar"
+    with open(bundle, "wb") as f:
+        write_bomb(f, 3 * 2**20, sparse=False)
+    dst = tmp_path / "dst"
+    code, stderr, _ = peak_rss("import", "--cache", str(dst), "--max-member-size", "1M", str(bundle))
+    assert code == 2 and "above the 1 MiB limit" in stderr
+    unused = tmp_path / "unused.tar"
+    data = os.urandom(4096)
+    with open(unused, "wb") as f:
+        for name, content in (("manifest.json", MANIFEST), ("compile.json", b"{}"), (f"blobs/{digest_of(data)}", data)):
+            f.write(member_header(name, len(content)) + content + pad(len(content)))
+        f.write(b"\0" * 1024)
+    code, stderr, _ = peak_rss("import", "--cache", str(dst), str(unused))
+    assert code == 2 and "no compile entry uses" in stderr and "Traceback" not in stderr
+    assert Store(dst).stats()["blobs"] == 0
+
+
+def real_bundle(tmp_path: Path, *, size: int = 3 * 2**20) -> Path:
+    src = Store(tmp_path / "src")
+    data = os.urandom(size)
+    src.put_compile("kA", data, symbol="sA", meta={"kernel": "a", "arch": "sm_90"})
+    src.put_compile("kB", b"cubin-of-b" * 100, symbol="sB", meta={"kernel": "b", "arch": "sm_90"})
+    src.export_bundle(tmp_path / "real.tar")
+    return tmp_path / "real.tar"
+
+
+def test_a_write_failing_part_way_leaves_nothing_behind(tmp_path):
+    """A file-size limit in the child makes the 3 MiB blob's write fail part-way (as a full disk
+    does): the import fails with one line and the cache holds no partial file, row or entry."""
+    bundle = real_bundle(tmp_path)
+    dst = tmp_path / "dst"
+    Store(dst).close()
+    before = tree(dst)
+
+    def limit_file_size():
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+
+    code, _, stderr = run_cache("import", "--cache", str(dst), str(bundle), preexec=limit_file_size)
+    assert code == 2 and "nothing was imported" in stderr and "Traceback" not in stderr, stderr
+    store = Store(dst)
+    assert store.stats()["blobs"] == 0 and store.stats()["compile_entries"] == 0
+    assert not [p for p in dst.rglob("*.val")], "a partial value file was left behind"
+    assert {p for p in tree(dst) if not p.endswith(("-wal", "-shm"))} <= before | {"blobs", "blobs/cache.db"}
+
+
+def test_free_space_is_checked_before_writing(tmp_path, monkeypatch):
+    bundle = real_bundle(tmp_path)
+    dst = Store(tmp_path / "dst")
+    import shutil
+    monkeypatch.setattr(bundle_mod, "SPACE_MARGIN", shutil.disk_usage(tmp_path).free)  # "the disk is almost full"
+    with pytest.raises(CacheError, match="not enough free space"):
+        dst.import_bundle(bundle)
+    assert dst.stats()["blobs"] == 0 and not list(dst.path.rglob("*.val"))
+
+
+def test_signed_bundle_round_trips_and_tampering_is_refused(tmp_path):
+    src = Store(tmp_path / "src")
+    src.put_compile("kA", b"cubin of kernel A" * 50, symbol="sA", meta={"kernel": "a", "arch": "sm_90"})
+    src.put_compile("kB", b"cubin of kernel B" * 50, symbol="sB", meta={"kernel": "b", "arch": "sm_90"})
+    src.close()
+    key, other = tmp_path / "ci.key", tmp_path / "other.key"
+    key.write_bytes(os.urandom(32).hex().encode() + b"\n")
+    other.write_bytes(os.urandom(32).hex().encode())
+    signed, unsigned = tmp_path / "signed.tgz", tmp_path / "unsigned.tgz"
+    code, out, err = run_cache("export", "--cache", str(tmp_path / "src"), "--sign", str(key), str(signed))
+    assert code == 0 and "signed" in out, err
+    assert run_cache("export", "--cache", str(tmp_path / "src"), str(unsigned))[0] == 0
+
+    code, out, err = run_cache("import", "--cache", str(tmp_path / "ok"), "--require-signature", str(key), str(signed))
+    assert code == 0 and "signature verified" in out, err
+    assert Store(tmp_path / "ok").get_compile("kA").cubin == b"cubin of kernel A" * 50
+
+    # The attack of an unauthenticated bundle: serve kernel B's CUBIN under kernel A's key.
+    tampered = tmp_path / "tampered.tgz"
+    with tarfile.open(signed) as tar_in, tarfile.open(tampered, "w:gz") as tar_out:
+        for info in tar_in:
+            data = tar_in.extractfile(info).read()
+            if info.name == "compile.json":
+                doc = json.loads(data)
+                doc["kA"] = {**doc["kB"], "kernel": "a"}
+                data = json.dumps(doc).encode()
+                info.size = len(data)
+            tar_out.addfile(info, io.BytesIO(data))
+    for bundle, keyfile, message in [(tampered, key, "tampered"), (unsigned, key, "not signed"),
+                                     (signed, other, "does not verify")]:
+        dst = tmp_path / f"dst-{bundle.stem}-{keyfile.stem}"
+        code, _, err = run_cache("import", "--cache", str(dst), "--require-signature", str(keyfile), str(bundle))
+        assert code == 2 and message in err and "nothing was imported" in err and "Traceback" not in err, err
+        assert Store(dst).stats()["compile_entries"] == 0
+    # Without --require-signature a signed bundle imports like any other (the signature is ignored).
+    assert run_cache("import", "--cache", str(tmp_path / "plain"), str(signed))[0] == 0
+
+
+def test_short_or_missing_key_files_are_refused(tmp_path):
+    (tmp_path / "short.key").write_text("abc\n")
+    with pytest.raises(CacheError, match="at least 16"):
+        bundle_mod.read_key(tmp_path / "short.key")
+    with pytest.raises(CacheError, match="cannot read key file"):
+        bundle_mod.read_key(tmp_path / "absent.key")
