@@ -47,11 +47,16 @@ def check(ok: bool, what: str, detail: str = "") -> bool:
     return ok
 
 
+def _pythonpath(*first: Path) -> str:
+    """``first`` ahead of the inherited PYTHONPATH (where a GPU host keeps carried packages)."""
+    return os.pathsep.join([*map(str, first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def ctbuild(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "ctbuild", *args]
     print("$ ctbuild " + " ".join(args), flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": _pythonpath(ROOT),
                                                **(env or {})}, text=True, capture_output=True)
     print((proc.stdout[-3000:] + proc.stderr[-3000:]).rstrip())
     print(f"  (exit {proc.returncode}, {time.perf_counter() - start:.1f} s)", flush=True)
@@ -61,7 +66,7 @@ def ctbuild(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def child(stage: str, workdir: Path, *extra: str, gpu: bool = True,
           env: dict[str, str] | None = None) -> int:
     """Run a stage body in a fresh process (a fresh runtime, as a restarted server has)."""
-    full = {**os.environ, "PYTHONPATH": f"{ROOT}:{PROJECT}", **(env or {})}
+    full = {**os.environ, "PYTHONPATH": _pythonpath(ROOT, PROJECT), **(env or {})}
     if not gpu:
         full["CUDA_VISIBLE_DEVICES"] = ""
     proc = subprocess.run([sys.executable, __file__, "--child", stage, "--workdir",
