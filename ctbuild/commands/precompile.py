@@ -165,14 +165,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: ignoring {', '.join(dropped)} (the pip tileiras uses its own ptxas/libnvvm)",
               file=stream)
     farm = _make_farm(args, project)
+    out = sys.stdout
     try:
         # Ray's driver threads print cluster events (e.g. "A worker died...") to sys.stdout;
         # keep stdout for our output (one JSON object with --json) and send those to stderr.
         with contextlib.redirect_stdout(sys.stderr):
             if _cache_is_cold(project.cache_dir):  # surely something to build: start Ray now,
                 farm.start_in_background()           # while the toolchain is probed and planned
-            return _build(args, project, kernels, extra, record_archs, farm, stream, report,
-                          started)
+            return _build(args, project, kernels, extra, record_archs, farm, stream, out,
+                          report, started)
     finally:
         with contextlib.redirect_stdout(sys.stderr):
             farm.close()
@@ -190,7 +191,8 @@ def _cache_is_cold(cache_dir: Path) -> bool:
 
 def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
            extra: dict[str, list[Workload]], record_archs: list[Arch], farm: Any, stream: Any,
-           report: Path | None, started: float) -> int:
+           out: Any, report: Path | None, started: float) -> int:
+    """Probe, plan, compile on ``farm``; the summary goes to ``out`` (the real stdout)."""
     from ..job_estimates import estimator
     from ..plan import make_plan
     from ..toolchain import probe, record_in
@@ -239,10 +241,11 @@ def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
     if report is not None:
         _write_atomic(report, {"summary": summary, "worker_info": result.worker_info,
                                "jobs": rows})
-    if args.json:
-        print_json(summary)
-    else:
-        print(render_summary(summary["kernels"], failures, summary))
+    with contextlib.redirect_stdout(out):
+        if args.json:
+            print_json(summary)
+        else:
+            print(render_summary(summary["kernels"], failures, summary))
     if result.fatal:
         print(f"error: {result.fatal}", file=sys.stderr)
     if result.fatal or (failures and not args.allow_failures):
