@@ -92,7 +92,7 @@ class FarmWorker:
         setup = resolve_callable(self.spec.get("setup_fn"))
         info = dict(setup(*self.spec.get("setup_args", [])) or {}) if setup else {}
         return {"slot": self.slot, "worker": self.name, "pid": os.getpid(),
-                "node": socket.gethostname(), "warm_seconds": round(time.perf_counter() - start, 3),
+                "node": socket.gethostname(), "temp": self.temp, "warm_seconds": round(time.perf_counter() - start, 3),
                 "stripped_env": sorted(removed), **info}
 
     def ping(self) -> int:
