@@ -200,12 +200,14 @@ def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
     toolchain = probe()
     plan = make_plan(kernels, archs, toolchain.fingerprint, project.cap, extra_workloads=extra)
 
+    import sqlite3
+
     from cache import CacheError, Store
     try:
         with Store(project.cache_dir, readonly=False) as store:
             record_in(store, toolchain)
             farm.options.estimate = estimator(store)
-    except (CacheError, OSError, ValueError) as exc:
+    except (CacheError, OSError, ValueError, sqlite3.Error) as exc:
         return fail(f"cache {project.cache_dir}: {exc}")
     farm.options.expect = {"toolchain": toolchain.fingerprint}
 
