@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
