@@ -67,7 +67,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture
 def two_nodes(tmp_path_factory):
-    """A head (1 CPU) and a locked-down second node (1 CPU); yields (address, node temp)."""
+    """A head (no CPUs: it schedules no worker) and a locked-down second node (2 CPUs, where
+    every worker runs); yields (address, node temp)."""
     if not RAY.exists():
         pytest.skip("ray CLI not installed next to this Python")
     if not _can_unshare():
@@ -83,7 +84,7 @@ def two_nodes(tmp_path_factory):
     address = f"127.0.0.1:{port}"
     head = _start_node(
         [str(RAY), "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
-         "--num-cpus", "1", "--disable-usage-stats", "--include-dashboard=false",
+         "--num-cpus", "0", "--disable-usage-stats", "--include-dashboard=false",
          "--temp-dir", str(head_temp), "--block"], logs / "head.log", env)
     node = None
     try:
@@ -91,7 +92,7 @@ def two_nodes(tmp_path_factory):
         locked = (f"mount --make-rprivate / && mount --bind {node_temp} {node_temp} && "
                   "mount -o remount,bind,ro / && "
                   f"exec {RAY} start --address {address} --node-ip-address 127.0.0.1 "
-                  f"--num-cpus 1 --disable-usage-stats --temp-dir {node_temp} --block")
+                  f"--num-cpus 2 --disable-usage-stats --temp-dir {node_temp} --block")
         node = _start_node(["unshare", "-m", "sh", "-c", locked], logs / "node.log",
                            {**env, "TMPDIR": str(node_temp / "tmp")})
         yield address, node_temp
@@ -128,6 +129,7 @@ def test_cluster_build_lands_in_a_cache_no_worker_can_see(two_nodes, tmp_path):
     out = got["out"]
     assert out["address"] == address and out["compiled"] == 6 and out["failed"] == 0, out
     assert got["landed"] == 6 and got["entries"] == 6  # counts match the cache
-    # one worker ran on the locked-down node: it could write only below its temp dir
-    assert any(t.startswith(str(node_temp)) for t in got["temps"]), got["temps"]
+    # the workers ran on the locked-down node: they could write only below its temp dir
+    assert got["temps"] and all(t.startswith(str(node_temp)) for t in got["temps"]), got
+
     assert not (hidden / "cache").exists()  # the cache lived only in the driver's namespace
