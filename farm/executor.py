@@ -517,10 +517,11 @@ class _Run:
                     f"no worker was ready within {o.startup_timeout:.0f}s (are the nodes busy, "
                     "or is the runtime_env failing to install?)")
             if not waiting:
-                if self.deferred and not self.pending:  # another build is on them: wait
-                    time.sleep(TICK_SECONDS)
-                    if self.on_tick:
-                        self.on_tick()
+                if not self.pending:  # done, or only jobs another build is on: wait for those
+                    if self.deferred:
+                        time.sleep(TICK_SECONDS)
+                        if self.on_tick:
+                            self.on_tick()
                     continue
                 raise FarmError("no live worker and jobs left (internal error)")
             now = time.monotonic()
