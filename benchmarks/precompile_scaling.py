@@ -1,23 +1,26 @@
-"""Precompile throughput: cuTile serial vs a warm multiprocessing pool vs the Ray farm.
+"""Precompile end to end: `ctbuild precompile` (the Ray farm) vs a plain process-pool script.
 
-    python benchmarks/precompile_scaling.py                       # examples' plan, 1..cores
-    python benchmarks/precompile_scaling.py --max-workers 4 --limit 60 --json
+    python benchmarks/precompile_scaling.py --workers 2                      # this machine
+    python benchmarks/precompile_scaling.py --workers 2,16,64 \\
+        --config benchmarks/kernels/ctbuild.toml --json                      # a big host
 
-The plan is the examples' (``examples/ctbuild.toml`` on sm_90,sm_100, 138 jobs) unless
-``--config``/``--arch`` say otherwise. Every variant compiles the same jobs with
-`ctbuild.compiler.compile_job` (cuTile's ``compile_tile`` with cuTile's own disk cache off:
-``TileContext(cache_dir=None)``) and stores each CUBIN into its own fresh cache directory, so
-nothing is ever a cache hit and every variant does the same work:
+The plan is the project's in ``--config`` (default ``benchmarks/kernels/ctbuild.toml``: the
+examples plus heavy attention/GEMM kernels, 306 jobs on sm_90+sm_100). For each worker count N,
+two builds of the same jobs into fresh, empty caches, each a separate process timed from start
+to exit:
 
-* serial: one process, one job after the other (the baseline);
-* pool N: ``multiprocessing`` (spawn) with N workers started, modules imported and the
-  toolchain probed *before* the clock starts;
-* farm N: `farm.Farm` with N workers; its start-up (embedded Ray + warm actors) is timed
-  separately and the throughput clock starts after it, as for the pool.
+* pool N: this file's ``pool-build`` mode, a plain script: load the project, probe, plan, start
+  a ``multiprocessing`` (spawn) pool of N workers that import the kernels and probe the
+  toolchain, compile every job (``ctbuild.compiler.compile_job``, in plan order), store each
+  CUBIN from the parent process;
+* farm N: ``python -m ctbuild precompile --workers N`` (embedded Ray).
 
-Prints configs/s per variant and the ratios farm/pool and farm/serial from this one run.
-Targets on a 2-core machine: farm >= 0.95x pool at equal workers, farm(2) >= 1.8x serial,
-start-up <= 5 s. Other load on the machine skews all of these; the load average is printed.
+Reported per N: end-to-end seconds of both and their ratio (pool/farm: >= 1 means the farm is
+faster); throughput after start-up (jobs / seconds from workers ready to the last job) and its
+ratio; the farm's start-up (Ray start to the first worker warm, overlapped with planning); and
+the floor max(sum of compile seconds / N, longest job) with the farm's compile phase and end to
+end against it. Other load
+skews all of these: the load average is printed before and after.
 """
 from __future__ import annotations
 
@@ -25,22 +28,20 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = ROOT / "benchmarks" / "kernels" / "ctbuild.toml"
 
-_STORE = None
 
-
-def _pool_init(cache_dir: str, modules: list[str], paths: list[str]) -> None:
-    global _STORE
-    from cache import Store
+# ---- the plain pool script (run as its own process: `precompile_scaling.py pool-build`) ------
+def _pool_init(modules: list[str], paths: list[str]) -> None:
     from ctbuild.buildworker import warm_worker
     warm_worker(modules, paths)
-    _STORE = Store(cache_dir, readonly=False)
 
 
 def _pool_ready(_: int) -> int:
@@ -48,116 +49,126 @@ def _pool_ready(_: int) -> int:
     return os.getpid()
 
 
-def _pool_compile(job: dict) -> tuple[str, bool]:
+def _pool_compile(job: dict) -> tuple[dict, dict]:
     from ctbuild.compiler import compile_job
-    out = compile_job(job, timeout_sec=300)
-    _STORE.put_compile(job["key"], out["cubin"], symbol=out["symbol"],
-                       meta={"kernel": job["kernel"], "arch": job["arch"]})
-    return job["key"], True
+    return job, compile_job(job, timeout_sec=300)
 
 
-def plan_jobs(config: str, archs: str, limit: int | None) -> tuple[list[dict], object]:
+def pool_build(config: str, archs: str | None, workers: int, cache_dir: str) -> dict:
+    """Plan and compile every job with a warm spawn pool; the parent stores the CUBINs."""
+    from cache import Store
     from ctbuild.config import load_project
     from ctbuild.plan import make_plan
     from ctbuild.toolchain import probe
     project = load_project(config, archs=archs)
     plan = make_plan(project.kernels(), project.archs, probe().fingerprint, project.cap)
     jobs = [j.to_json() for j in plan.jobs.values()]
-    return (jobs[:limit] if limit else jobs), project
-
-
-def run_serial(jobs: list[dict], cache_dir: str) -> float:
-    from cache import Store
-    from ctbuild.compiler import compile_job
-    with Store(cache_dir, readonly=False) as store:
-        start = time.perf_counter()
-        for job in jobs:
-            out = compile_job(job, timeout_sec=300)
-            store.put_compile(job["key"], out["cubin"], symbol=out["symbol"],
-                              meta={"kernel": job["kernel"], "arch": job["arch"]})
-        return time.perf_counter() - start
-
-
-def run_pool(jobs: list[dict], cache_dir: str, n: int, project) -> float:
     ctx = mp.get_context("spawn")
-    with ctx.Pool(n, initializer=_pool_init,
-                  initargs=(cache_dir, list(project.modules),
-                            [str(p) for p in project.paths])) as pool:
+    with Store(cache_dir, readonly=False) as store, ctx.Pool(
+            workers, initializer=_pool_init,
+            initargs=(list(project.modules), [str(p) for p in project.paths])) as pool:
         pids: set[int] = set()
-        while len(pids) < n:  # every worker up, imported and probed before the clock starts
-            pids.update(pool.map(_pool_ready, range(n), chunksize=1))
+        while len(pids) < workers:  # every worker up, imported and probed
+            pids.update(pool.map(_pool_ready, range(workers), chunksize=1))
         start = time.perf_counter()
-        done = sum(1 for _ in pool.imap_unordered(_pool_compile, jobs, chunksize=1))
-        seconds = time.perf_counter() - start
-    assert done == len(jobs)
-    return seconds
+        seconds = []
+        for job, out in pool.imap_unordered(_pool_compile, jobs, chunksize=1):
+            store.put_compile(job["key"], out["cubin"], symbol=out["symbol"], meta=out["meta"])
+            seconds.append(out["seconds"])
+        run = time.perf_counter() - start
+    return {"jobs": len(jobs), "run_seconds": run, "compile_seconds": seconds}
 
 
-def run_farm(jobs: list[dict], cache_dir: str, n: int, project) -> tuple[float, float]:
-    from ctbuild.toolchain import probe
-    from farm import Farm
-    paths = [str(p) for p in project.paths]
-    with Farm(cache_dir, "ctbuild.compiler:compile_job", workers=n,
-              setup_fn="ctbuild.buildworker:warm_worker",
-              setup_args=(list(project.modules), paths), sys_paths=paths,
-              expect={"toolchain": probe().fingerprint},
-              fatal_errors=("CompileMismatchError",)) as farm:
-        startup = farm.start(len(jobs))
-        result = farm.run(jobs)
-    failed = result.failures
-    if failed:
-        raise SystemExit(f"farm: {len(failed)} jobs failed, e.g. {failed[0].error}")
-    return startup, result.run_seconds
+# ---- the driver -------------------------------------------------------------------------------
+def _timed(argv: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:4])}... failed (exit {proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    return seconds, proc
+
+
+def measure(config: str, archs: str | None, n: int, tmp: Path) -> dict:
+    arch_args = ["--arch", archs] if archs else []
+    pool_e2e, proc = _timed([sys.executable, __file__, "pool-build", "--config", config,
+                             *arch_args, "--workers", str(n), "--cache", str(tmp / f"pool{n}")])
+    pool = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = tmp / f"farm{n}.json"
+    farm_e2e, proc = _timed([sys.executable, "-m", "ctbuild", "precompile", "--config", config,
+                             *arch_args, "--workers", str(n), "--cache", str(tmp / f"farm{n}"),
+                             "--json", "--report", str(report)])
+    farm = json.loads(proc.stdout)
+    rows = json.loads(report.read_text())["jobs"]
+    if farm["compiled"] != pool["jobs"] or farm["failed"]:
+        raise SystemExit(f"farm x{n}: compiled {farm['compiled']} of {pool['jobs']} jobs, "
+                         f"{farm['failed']} failed")
+    secs = pool["compile_seconds"]
+    floor = max(sum(secs) / n, max(secs))
+    farm_floor = max(sum(r["seconds"] for r in rows) / n, max(r["seconds"] for r in rows))
+    jobs = pool["jobs"]
+    return {
+        "workers": n, "jobs": jobs,
+        "pool_e2e_s": pool_e2e, "farm_e2e_s": farm_e2e, "e2e_farm_vs_pool": pool_e2e / farm_e2e,
+        "pool_run_s": pool["run_seconds"], "farm_run_s": farm["run_seconds"],
+        "pool_cfg_per_s": jobs / pool["run_seconds"], "farm_cfg_per_s": jobs / farm["run_seconds"],
+        "throughput_farm_vs_pool": pool["run_seconds"] / farm["run_seconds"],
+        "farm_startup_s": farm["startup_seconds"],
+        "floor_s": floor, "farm_floor_s": farm_floor,
+        "farm_run_vs_floor": farm["run_seconds"] / farm_floor,
+        "farm_e2e_vs_floor": farm_e2e / farm_floor,
+        "longest_job_s": max(secs), "sum_compile_s": sum(secs),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pool-build"]:
+        p = argparse.ArgumentParser(prog="precompile_scaling.py pool-build")
+        p.add_argument("--config", required=True)
+        p.add_argument("--arch")
+        p.add_argument("--workers", type=int, required=True)
+        p.add_argument("--cache", required=True)
+        a = p.parse_args(argv[1:])
+        print(json.dumps(pool_build(a.config, a.arch, a.workers, a.cache)))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--config", default=str(ROOT / "examples" / "ctbuild.toml"))
-    p.add_argument("--arch", default="sm_90,sm_100")
-    p.add_argument("--max-workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--limit", type=int, help="compile only the first N planned jobs")
-    p.add_argument("--skip-serial", action="store_true")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG))
+    p.add_argument("--arch", help="override the config's archs, e.g. sm_90,sm_100")
+    p.add_argument("--workers", default=str(os.cpu_count() or 1),
+                   help="comma-separated worker counts, e.g. 2,16,64 (default: all cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     args = p.parse_args(argv)
-    jobs, project = plan_jobs(args.config, args.arch, args.limit)
-    n_jobs = len(jobs)
-    print(f"{n_jobs} jobs from {args.config} ({args.arch}); {os.cpu_count()} cores; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="ctbuild-bench-") as tmp:
-        def fresh(name: str) -> str:
-            return str(Path(tmp) / name)
-
-        if not args.skip_serial:
-            s = run_serial(jobs, fresh("serial"))
-            results["serial"] = {"seconds": s, "cfg_per_s": n_jobs / s}
-            print(f"serial        {s:7.2f} s  {n_jobs / s:6.2f} cfg/s", flush=True)
-        for n in range(1, args.max_workers + 1):
-            s = run_pool(jobs, fresh(f"pool{n}"), n, project)
-            results[f"pool{n}"] = {"seconds": s, "cfg_per_s": n_jobs / s}
-            print(f"pool  x{n:<3}    {s:7.2f} s  {n_jobs / s:6.2f} cfg/s", flush=True)
-            startup, s = run_farm(jobs, fresh(f"farm{n}"), n, project)
-            results[f"farm{n}"] = {"seconds": s, "cfg_per_s": n_jobs / s,
-                                   "startup_seconds": startup}
-            print(f"farm  x{n:<3}    {s:7.2f} s  {n_jobs / s:6.2f} cfg/s  "
-                  f"(start-up {startup:.2f} s)", flush=True)
+    counts = [int(x) for x in args.workers.split(",") if x.strip()]
+    print(f"{args.config}; {os.cpu_count()} cores; load average "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        for n in counts:
+            r = measure(args.config, args.arch, n, Path(tmp))
+            results.append(r)
+            print(f"x{n}: {r['jobs']} jobs; pool e2e {r['pool_e2e_s']:.1f} s, farm e2e "
+                  f"{r['farm_e2e_s']:.1f} s; load {os.getloadavg()[0]:.2f}", flush=True)
     print()
-    print(f"{'workers':>7} {'pool cfg/s':>11} {'farm cfg/s':>11} {'farm/pool':>10} "
-          f"{'farm/serial':>12} {'start-up s':>11}")
-    serial = results.get("serial", {}).get("cfg_per_s")
-    for n in range(1, args.max_workers + 1):
-        pool, farm = results[f"pool{n}"], results[f"farm{n}"]
-        ratio = farm["cfg_per_s"] / pool["cfg_per_s"]
-        vs_serial = f"{farm['cfg_per_s'] / serial:.2f}x" if serial else "-"
-        farm["vs_pool"] = round(ratio, 3)
-        farm["vs_serial"] = round(farm["cfg_per_s"] / serial, 3) if serial else None
-        print(f"{n:>7} {pool['cfg_per_s']:>11.2f} {farm['cfg_per_s']:>11.2f} {ratio:>9.2f}x "
-              f"{vs_serial:>12} {farm['startup_seconds']:>11.2f}")
+    print(f"{'workers':>7} {'pool e2e s':>10} {'farm e2e s':>10} {'e2e ratio':>9} "
+          f"{'pool run s':>10} {'farm run s':>10} {'thr ratio':>9} {'start-up s':>10} "
+          f"{'floor s':>8} {'run/floor':>9} {'e2e/floor':>9}")
+    for r in results:
+        print(f"{r['workers']:>7} {r['pool_e2e_s']:>10.2f} {r['farm_e2e_s']:>10.2f} "
+              f"{r['e2e_farm_vs_pool']:>8.2f}x {r['pool_run_s']:>10.2f} {r['farm_run_s']:>10.2f} "
+              f"{r['throughput_farm_vs_pool']:>8.2f}x {r['farm_startup_s']:>10.2f} "
+              f"{r['farm_floor_s']:>8.2f} {r['farm_run_vs_floor']:>9.2f} "
+              f"{r['farm_e2e_vs_floor']:>9.2f}")
+    print("ratios: pool seconds / farm seconds (>= 1: the farm is faster); floor: "
+          "max(sum of the farm's compile seconds / workers, longest job)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
-        print(json.dumps({"jobs": n_jobs, "cores": os.cpu_count(), "results": results},
+        print(json.dumps({"config": args.config, "cores": os.cpu_count(), "results": results},
                          indent=2))
     return 0
 

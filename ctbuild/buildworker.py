@@ -9,6 +9,11 @@ import importlib
 import sys
 from typing import Any
 
+#: Removed from the driver's and every worker's environment: tileiras uses only
+#: ``$CUDA_HOME``'s ptxas/libnvvm when it is set (an older toolkit there fails with exit 5), so
+#: the pip tileiras with its own ptxas/libnvvm must run whatever a node's environment says.
+STRIPPED_ENV = ("CUDA_HOME", "CUDA_PATH")
+
 
 def warm_worker(modules: list[str], paths: list[str]) -> dict[str, Any]:
     """Import the project's kernel modules and probe the toolchain (once per worker process).

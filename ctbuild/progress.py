@@ -33,7 +33,7 @@ class Progress:
         self.enabled = enabled
         self.done = self.failed = self.cached = 0
         self.start = time.monotonic()
-        self.first_compile: float | None = None
+        self.work_start: float | None = None  # when the first worker was ready to compile
         self._last_line = self.start
         self._last_draw = 0.0
         self._phase = ""
@@ -50,14 +50,17 @@ class Progress:
         else:
             self._write(f"precompile: {text}\n")
 
+    def workers_ready(self) -> None:
+        """Compiling starts now: the rate and ETA count from here, not from Ray's start-up."""
+        if self.work_start is None:
+            self.work_start = time.monotonic()
+
     def record(self, rec: Any) -> None:
         self.done += 1
         if rec.status == "failed":
             self.failed += 1
         elif rec.status == "cached":
             self.cached += 1
-        elif self.first_compile is None:
-            self.first_compile = time.monotonic()
         self._phase = ""
         self.tick(force=self.done == self.total)
 
@@ -77,9 +80,11 @@ class Progress:
         pct = 100.0 * self.done / self.total if self.total else 100.0
         text = f"{self.done}/{self.total} ({pct:.0f}%)"
         worked = self.done - self.cached
-        elapsed = time.monotonic() - self.start
-        if worked > 0 and elapsed > 0:
-            rate = worked / elapsed
+        now = time.monotonic()
+        elapsed = now - self.start
+        working = now - self.work_start if self.work_start is not None else 0.0
+        if worked > 0 and working > 0:
+            rate = worked / working
             text += f"  {rate:.1f} cfg/s"
             if self.done < self.total:
                 text += f"  ETA {_duration((self.total - self.done) / rate)}"

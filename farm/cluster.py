@@ -4,14 +4,19 @@ Embedded (default): a local Ray sized to the worker count, started for speed: no
 no usage stats, worker logs not streamed to the driver (errors come back in job records).
 Joining (``address`` or ``$RAY_ADDRESS``): the job's runtime_env ships the given Python
 packages/modules to every node (``py_modules``), so kernel sources need not be installed there;
-the workers must still have cuda-tile[tileiras], ray, diskcache and xxhash installed, and the
-cache directory must be the same shared filesystem path on every node.
+the workers must still have the toolchain, ray and xxhash installed. They need no cache path
+and no shared filesystem: the driver alone writes the cache.
+
+An embedded Ray is watched by `farm.reaper`, so that a driver killed by SIGKILL leaves none of
+the processes it started behind.
 """
 from __future__ import annotations
 
 import logging
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +52,41 @@ def module_paths(modules: list[str], search: list[str]) -> list[str]:
     return found
 
 
+def start_reaper() -> int:
+    """Start `farm.reaper` watching this process; returns the pipe end to say goodbye on."""
+    read, write = os.pipe()
+    subprocess.Popen([sys.executable, str(Path(__file__).with_name("reaper.py")),
+                      str(os.getpid()), str(read)], pass_fds=(read,), start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    os.close(read)
+    return write
+
+
+def stop_reaper(pipe: int) -> None:
+    """A normal shutdown: tell the reaper to exit without killing anything."""
+    try:
+        os.write(pipe, b"bye")
+    finally:
+        os.close(pipe)
+
+
 def connect(address: str | None, num_cpus: int, ship: list[str] | None = None,
             env_vars: dict[str, str] | None = None) -> dict[str, Any]:
-    """Start (address None) or join Ray. Returns {"owned", "address", "cpus"}."""
+    """Start (address None) or join Ray. Returns {"owned", "address", "cpus", "reaper"}."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     if ray.is_initialized():
-        return {"owned": False, "address": address, "cpus": _cpus(ray)}
+        return {"owned": False, "address": address, "cpus": _cpus(ray), "reaper": None}
     common = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True,
                   namespace="ctbuild-farm")
     if address is not None:
         _check_reachable(address)
+    reaper = start_reaper() if address is None else None
+    # Started from a background thread, Ray notes that it cannot install its SIGTERM handler;
+    # the farm stops Ray itself (and the reaper covers a killed driver): noise in a build log.
+    logging.getLogger("ray._private.worker").addFilter(
+        lambda r: "SIGTERM handler is not set" not in r.getMessage())
     try:
         if address is None:
             # Ray warns that its new local cluster uses token auth; for an embedded, private
@@ -82,8 +111,10 @@ def connect(address: str | None, num_cpus: int, ship: list[str] | None = None,
                     "provide its token in ~/.ray/auth_token or $RAY_AUTH_TOKEN)")
         elif cause is not None:
             why += f" ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})"
+        if reaper is not None:
+            stop_reaper(reaper)
         raise FarmError(f"could not {where}: {why}") from exc
-    return {"owned": True, "address": address, "cpus": _cpus(ray)}
+    return {"owned": True, "address": address, "cpus": _cpus(ray), "reaper": reaper}
 
 
 def _check_reachable(address: str, timeout: float = 10.0) -> None:
@@ -105,15 +136,10 @@ def _cpus(ray: Any) -> int:
     return int(ray.cluster_resources().get("CPU", 0))
 
 
-def disconnect(owned: bool) -> None:
+def disconnect(owned: bool, reaper: int | None = None) -> None:
     if owned:
         import ray
         if ray.is_initialized():
             ray.shutdown()
-
-
-def describe_cluster() -> dict[str, Any]:
-    """Nodes and CPUs of the Ray the farm is connected to (for reports)."""
-    import ray
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    return {"nodes": len(nodes), "cpus": _cpus(ray)}
+    if reaper is not None:
+        stop_reaper(reaper)

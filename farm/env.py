@@ -1,20 +1,18 @@
-"""Toolchain hygiene for worker processes.
+"""Environment hygiene for worker processes: the caller names what to strip and what to set.
 
-tileiras uses only ``$CUDA_HOME``'s ptxas/libnvvm when CUDA_HOME is set and it is not the pip
-tileiras; an older toolkit there breaks compiles (exit 5). Workers strip these variables so the
-pip tileiras with its own ptxas/libnvvm is what runs, whatever the node's environment says.
+The farm itself knows no toolchain: the caller passes the variables that must not leak from a
+node's environment into its compiles (``FarmOptions.strip_env``) and the ones to set
+(``FarmOptions.env``).
 """
 from __future__ import annotations
 
 import os
 
-#: Removed from every worker's environment before anything is imported or probed.
-STRIPPED_ENV = ("CUDA_HOME", "CUDA_PATH")
 #: Set in every worker process to its slot name ("w0", "w1", ...); absent in the driver.
 WORKER_ENV = "FARM_WORKER"
 
 
-def clean_worker_env(slot: str, strip: tuple[str, ...] = STRIPPED_ENV,
+def clean_worker_env(slot: str, strip: tuple[str, ...] = (),
                      extra: dict[str, str] | None = None) -> dict[str, str]:
     """Strip ``strip`` from os.environ, set ``extra`` and ``FARM_WORKER``; return what was removed."""
     removed = {k: os.environ.pop(k) for k in strip if k in os.environ}

@@ -1,9 +1,15 @@
-"""The driver side: start workers, hand out batches, collect records, handle crashes and hangs.
+"""The driver side: start workers, hand out batches, store what comes back, handle failures.
 
-Scheduling: every worker slot has at most two batches queued (one running, one waiting, so it
-never idles between batches); batch size shrinks as the queue drains (guided self-scheduling),
-so small jobs are batched and the tail stays balanced. Records stream back per job
-(``num_returns="streaming"``), which tells the driver exactly which job each worker is on:
+The driver owns the cache: workers send each CUBIN back with its digest; the driver checks the
+digest, stores the entry, reads it back, and only then counts the job as compiled. Nothing needs
+a shared filesystem, and a killed build keeps every entry stored before it died.
+
+Scheduling: jobs go out longest first (by the caller's ``estimate``), each worker as soon as it
+is warm (no waiting for the others). Every worker slot has at most two batches queued (one
+running, one waiting, so it never idles between batches); a batch holds about
+1/(4 x workers) of the estimated work left (guided self-scheduling), so small jobs are batched
+and the tail stays balanced. Records stream back per job (``num_returns="streaming"``), which
+tells the driver exactly which job each worker is on:
 
 * a worker process that dies (segfault, os._exit, OOM kill) -> the job it was on is retried on
   another worker, up to ``max_retries`` times, then recorded as failed ("WorkerDied"); the
@@ -12,20 +18,26 @@ so small jobs are batched and the tail stays balanced. Records stream back per j
   ("Timeout"), the worker is killed and replaced (a Python-level hang; a hung tileiras is
   stopped earlier by the worker's own compiler timeout and reported as a compile error);
 * an error whose class is named in ``fatal_errors`` (e.g. a toolchain mismatch), a worker that
-  cannot set up, or a worker whose probed info differs from ``expect`` -> the build is aborted:
-  nothing else would build correctly on that worker either.
+  cannot set up, a worker whose probed info differs from ``expect``, or a cache that cannot be
+  written (a full disk) -> the build stops: nothing else would land correctly either.
+
+Concurrent builds into one cache do not compile a key twice: a job is dispatched only under its
+claim (`farm.claims`); a job claimed by another build waits until that build stores it (then it
+counts as cached) or gives the claim up (then this build compiles it).
 """
 from __future__ import annotations
 
-import math
+import errno
 import os
+import sqlite3
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from .claims import Claims
 from .cluster import connect, disconnect, resolve_address
-from .env import STRIPPED_ENV
 from .records import CACHED, COMPILED, FAILED, FarmError, FarmResult, JobRecord
 from .worker import FarmWorker, callable_ref
 
@@ -33,6 +45,8 @@ from .worker import FarmWorker, callable_ref
 QUEUE_DEPTH = 2
 #: How often (s) the driver wakes up with nothing finished, for progress ticks and deadlines.
 TICK_SECONDS = 0.5
+#: Seconds a closing worker gets to remove its temp directory before it is killed.
+CLOSE_SECONDS = 5.0
 
 
 @dataclass
@@ -51,8 +65,9 @@ class FarmOptions:
     fatal_errors: tuple[str, ...] = ()  # exception class names that abort the build
     expect: dict[str, Any] = field(default_factory=dict)  # worker info that must match
     env: dict[str, str] = field(default_factory=dict)     # set in workers
-    strip_env: tuple[str, ...] = STRIPPED_ENV             # removed in workers
-    startup_timeout: float = 180.0      # seconds for all workers to start and warm up
+    strip_env: tuple[str, ...] = ()                       # removed in workers
+    startup_timeout: float = 180.0      # seconds until the first worker is warm
+    estimate: Callable[[dict[str, Any]], float] | None = None  # a job's expected seconds
 
 
 @dataclass
@@ -76,13 +91,20 @@ class _Slot:
         return self.actor is not None and self.warm_ref is None
 
 
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower()
+
+
 class Farm:
-    """Compile jobs on Ray workers into the cache at ``cache_dir``.
+    """Compile jobs on Ray workers; the driver stores the CUBINs into the cache at ``cache_dir``.
 
     ``compile_fn(job, *, timeout_sec) -> {"cubin": bytes, "symbol": str, "seconds"?: float,
-    "toolchain"?: str, "meta"?: dict}`` runs on the workers; pass a top-level function (or a
-    ``"module:name"`` string). Use as a context manager; `start` is implicit in `run` (and is
-    skipped entirely when every job is already cached).
+    "meta"?: dict}`` runs on the workers; pass a top-level function (or a ``"module:name"``
+    string). ``meta`` is stored with the entry (plus ``compile_seconds``). Use as a context
+    manager; `start` is implicit in `run` (and skipped when every job is already cached);
+    `start_in_background` overlaps Ray's start-up with the caller's own work.
     """
 
     def __init__(self, cache_dir: str | os.PathLike, compile_fn: Callable[..., Any] | str,
@@ -104,9 +126,16 @@ class Farm:
         self.startup_seconds = 0.0
         self.restarts = 0
         self.fatal: str | None = None
+        self._t_start = 0.0
+        self._first_ready: float | None = None
         self._owned = False
+        self._reaper: int | None = None
         self._remote: Any = None
         self._ray: Any = None
+        self._thread: threading.Thread | None = None
+        self._start_done = threading.Event()
+        self._release = threading.Event()   # lets the starting thread end (after Ray stopped)
+        self._start_error: BaseException | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Farm":
@@ -115,17 +144,49 @@ class Farm:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def start(self, n_jobs: int | None = None) -> float:
-        """Start or join Ray and warm the workers; returns the seconds it took."""
-        if self.started:
-            return 0.0
-        t0 = time.perf_counter()
+    def start_in_background(self) -> None:
+        """Start Ray and the workers in a thread; `run` picks them up (or `close` stops them).
+
+        The thread stays alive until `close`: Ray binds the processes it starts to the life of
+        the starting thread (parent-death signal), so it may only end after Ray is stopped."""
+        if self.started or self._thread is not None:
+            return
+
+        def target() -> None:
+            try:
+                self._start(None)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                self._start_error = exc
+            finally:
+                self._start_done.set()
+            self._release.wait()
+
+        self._thread = threading.Thread(target=target, name="farm-start", daemon=True)
+        self._thread.start()
+
+    def _join_start(self) -> None:
+        """Wait until a background start is done; re-raise its error here."""
+        if self._thread is not None:
+            self._start_done.wait()
+        if self._start_error is not None:
+            exc, self._start_error = self._start_error, None
+            raise exc
+
+    def start(self, n_jobs: int | None = None) -> None:
+        """Start or join Ray and spawn the workers (each warms up on its own; `run` hands
+        jobs to each as soon as it is warm)."""
+        self._join_start()
+        if not self.started:
+            self._start(n_jobs)
+
+    def _start(self, n_jobs: int | None) -> None:
+        self._t_start = time.perf_counter()
         wanted = self.options.workers or (os.cpu_count() or 1) if self.address is None \
             else self.options.workers
         if n_jobs is not None and wanted is not None:
             wanted = max(1, min(wanted, n_jobs))
         conn = connect(self.address, wanted or 1, self.options.ship, self.options.env)
-        self._owned = conn["owned"]
+        self._owned, self._reaper = conn["owned"], conn["reaper"]
         self.started = True
         import ray
         self._ray = ray
@@ -143,40 +204,37 @@ class Farm:
         self.slots = [_Slot(f"w{i}") for i in range(n)]
         for slot in self.slots:
             self._spawn(slot)
-        deadline = time.monotonic() + self.options.startup_timeout
-        while any(s.warm_ref is not None for s in self.slots) and not self.fatal:
-            refs = [s.warm_ref for s in self.slots if s.warm_ref is not None]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise FarmError(
-                    f"{len(refs)} of {n} workers did not start within "
-                    f"{self.options.startup_timeout:.0f}s (cluster CPUs: {cpus}; are the nodes "
-                    "busy, or is the runtime_env failing to install?)")
-            ready, _ = ray.wait(refs, num_returns=1, timeout=left)
-            for ref in ready:
-                self._warmed(next(s for s in self.slots if s.warm_ref is ref))
-        if self.fatal:
-            raise FarmError(self.fatal)
-        self.startup_seconds = time.perf_counter() - t0
-        return self.startup_seconds
 
     def close(self) -> None:
+        """Let every worker remove its temp directory, stop the workers, leave or stop Ray."""
+        try:
+            self._join_start()
+        except BaseException:  # noqa: BLE001 - a failed start has nothing more to report here
+            pass
         ray = self._ray
         if ray is not None and ray.is_initialized():
-            for slot in self.slots:
-                if slot.actor is not None:
-                    try:
-                        ray.kill(slot.actor, no_restart=True)
-                    except Exception:  # noqa: BLE001 - already gone
-                        pass
+            live = [s.actor for s in self.slots if s.actor is not None]
+            if live:
+                refs = [a.close.remote() for a in live]
+                ray.wait(refs, num_returns=len(refs), timeout=CLOSE_SECONDS)
+            for actor in live:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
         self.slots = []
         if self.started:
-            disconnect(self._owned)
+            disconnect(self._owned, self._reaper)
+            self._reaper = None
         self.started = False
+        self._release.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     def _spec(self) -> dict[str, Any]:
         o = self.options
-        return {"cache_dir": self.cache_dir, "compile_fn": self.compile_ref,
+        return {"compile_fn": self.compile_ref,
                 "setup_fn": callable_ref(o.setup_fn), "setup_args": list(o.setup_args),
                 "sys_paths": [str(p) for p in o.sys_paths] if self.address is None else [],
                 "fatal_errors": list(o.fatal_errors), "env": dict(o.env),
@@ -202,7 +260,31 @@ class Farm:
             if info.get(k) != want:
                 self.fatal = (f"worker {info.get('worker', slot.name)} has {k} "
                               f"{info.get(k)!r} but the driver has {want!r}: every worker must "
-                              "run the same cuda-tile/tileiras and kernel sources as the driver")
+                              "run the same toolchain and sources as the driver")
+        if self._first_ready is None and not self.fatal:
+            self._first_ready = time.perf_counter()
+            self.startup_seconds = self._first_ready - self._t_start
+
+    def _stop_workers(self) -> None:
+        """Kill every worker (after letting it clean up) and wait until each is really gone."""
+        ray = self._ray
+        live = [s.actor for s in self.slots if s.actor is not None]
+        for slot in self.slots:
+            slot.batches.clear()
+        if not live:
+            return
+        ray.wait([a.close.remote() for a in live], num_returns=len(live), timeout=CLOSE_SECONDS)
+        probes = []
+        for actor in live:
+            try:
+                ray.kill(actor, no_restart=True)
+                probes.append(actor.ping.remote())
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        for slot in self.slots:
+            slot.actor = None
+        if probes:
+            ray.wait(probes, num_returns=len(probes), timeout=30)
 
     def _restart(self, slot: _Slot) -> None:
         if slot.actor is not None:
@@ -217,12 +299,14 @@ class Farm:
     def run(self, jobs: Iterable[dict[str, Any]],
             on_record: Callable[[JobRecord], None] | None = None,
             on_tick: Callable[[], None] | None = None,
-            on_start: Callable[[int], None] | None = None) -> FarmResult:
+            on_start: Callable[[int], None] | None = None,
+            on_ready: Callable[[], None] | None = None) -> FarmResult:
         """Compile every job not yet in the cache; return one record per (distinct) job.
 
         ``on_record(JobRecord)`` is called as each job finishes (cached ones first),
         ``on_tick()`` about twice a second while waiting, ``on_start(n_to_compile)`` before
-        Ray is started (never, when everything is cached)."""
+        Ray is started (never, when everything is cached), ``on_ready()`` when the first worker
+        is warm. At the end every job counted as compiled or cached is checked in the cache."""
         from cache import Store
 
         unique: dict[str, dict[str, Any]] = {}
@@ -231,26 +315,35 @@ class Farm:
                 raise ValueError(f"a farm job must be a dict with a str 'key', got {job!r:.200}")
             unique.setdefault(job["key"], job)
         records: dict[str, JobRecord] = {}
-        with Store(self.cache_dir, readonly=False) as store:
-            todo = []
-            for key, job in unique.items():
-                if store.has_compile(key):
-                    records[key] = JobRecord(key, CACHED)
-                    if on_record:
-                        on_record(records[key])
-                else:
-                    todo.append(job)
         result = FarmResult(address=self.address)
-        if todo:
-            if on_start:
-                on_start(len(todo))
-            self.start(len(todo))
-            result.startup_seconds = self.startup_seconds
-            t0 = time.perf_counter()
-            self._loop(todo, records, on_record, on_tick)
-            result.run_seconds = time.perf_counter() - t0
-            result.workers = len(self.slots)
-            result.worker_info = [s.info for s in self.slots if s.info]
+        with Store(self.cache_dir, readonly=False) as store:
+            claims = Claims(self.cache_dir)
+            try:
+                todo = []
+                for key, job in unique.items():
+                    if store.has_compile(key):
+                        records[key] = JobRecord(key, CACHED)
+                        if on_record:
+                            on_record(records[key])
+                    else:
+                        todo.append(job)
+                if todo:
+                    if on_start:
+                        on_start(len(todo))
+                    self.start(len(todo))
+                    t0 = time.perf_counter()
+                    _Run(self, store, claims, records, on_record, on_tick, on_ready).loop(todo)
+                    result.startup_seconds = self.startup_seconds
+                    result.run_seconds = time.perf_counter() - (self._first_ready or t0)
+                    result.workers = len(self.slots)
+                    result.worker_info = [s.info for s in self.slots if s.info]
+            finally:
+                claims.close()
+            for key, rec in records.items():  # never report what did not land
+                if rec.status != FAILED and not store.has_compile(key):
+                    records[key] = JobRecord(key, FAILED, rec.seconds, "reported built but not "
+                                             "found in the cache afterwards", "NotInCache",
+                                             rec.attempts, rec.worker)
         result.records = [records[k] for k in unique]
         result.restarts = self.restarts
         result.fatal = self.fatal
@@ -263,149 +356,239 @@ class Farm:
         grace = self.options.grace if self.options.grace is not None else min(30.0, max(2.0, t / 2))
         return t + grace
 
-    def _loop(self, todo: list[dict[str, Any]], records: dict[str, JobRecord],
-              on_record: Callable[[JobRecord], None] | None,
-              on_tick: Callable[[], None] | None) -> None:
-        ray = self._ray
-        o = self.options
-        pending: deque = deque(todo)
-        attempts: dict[str, int] = {}
-        limit = self._limit()
 
-        def finish(job: dict[str, Any], status: str, *, seconds: float = 0.0,
-                   error: str | None = None, error_type: str | None = None,
-                   worker: str | None = None) -> None:
-            rec = JobRecord(job["key"], status, seconds, error, error_type,
-                            attempts.get(job["key"], 0), worker)
-            records[job["key"]] = rec
-            if on_record:
-                on_record(rec)
+class _Run:
+    """One `Farm.run`'s dispatch loop and the bookkeeping it shares."""
 
-        def requeue(slot: _Slot, blame: str | None, why: str) -> None:
-            """The slot's worker is gone: blame its current job (retry or fail), re-queue the rest."""
-            rest: list[dict[str, Any]] = []
-            current = None
-            # An actor runs its batches one after another, so the job it was on is the first
-            # without a result: possibly in the second batch, when the first has delivered all
-            # its records but its generator's end has not been seen yet.
-            for b in slot.batches:
-                left = b.jobs[b.done:]
-                if current is None and left:
-                    current, left = left[0], left[1:]
-                rest.extend(left)
-            slot.batches.clear()
-            pending.extendleft(reversed(rest))
-            if current is not None:
-                key = current["key"]
-                attempts[key] = attempts.get(key, 0) + 1
-                worker = (slot.info or {}).get("worker", slot.name)
-                if blame == "Timeout":
-                    finish(current, FAILED, error=why, error_type="Timeout", worker=worker)
-                elif attempts[key] > o.max_retries:
-                    finish(current, FAILED, error_type="WorkerDied", worker=worker,
-                           error=f"worker died while compiling this job, {attempts[key]} times "
-                                 f"(retries exhausted); last: {why}")
-                else:
-                    pending.appendleft(current)
-            self._restart(slot)
+    def __init__(self, farm: Farm, store: Any, claims: Claims, records: dict[str, JobRecord],
+                 on_record: Callable[[JobRecord], None] | None,
+                 on_tick: Callable[[], None] | None, on_ready: Callable[[], None] | None) -> None:
+        self.farm, self.store, self.claims, self.records = farm, store, claims, records
+        self.on_record, self.on_tick, self.on_ready = on_record, on_tick, on_ready
+        self.pending: deque = deque()
+        self.deferred: list[dict[str, Any]] = []   # claimed by another build
+        self.attempts: dict[str, int] = {}
+        self.cost: dict[str, float] = {}
+        self.left_cost = 0.0
 
-        def submit(slot: _Slot) -> None:
-            while slot.ready and len(slot.batches) < QUEUE_DEPTH and pending:
-                size = max(1, min(o.max_batch, math.ceil(len(pending) / (len(self.slots) * 4))))
-                batch = [pending.popleft() for _ in range(min(size, len(pending)))]
-                gen = slot.actor.run_batch.options(num_returns="streaming").remote(
-                    batch, o.compile_timeout)
-                if not slot.batches:
-                    slot.since = time.monotonic()
-                slot.batches.append(_Batch(batch, gen))
+    # -- outcomes --
+    def finish(self, job: dict[str, Any], status: str, *, seconds: float = 0.0,
+               error: str | None = None, error_type: str | None = None,
+               worker: str | None = None) -> None:
+        key = job["key"]
+        self.claims.release(key)
+        rec = JobRecord(key, status, seconds, error, error_type, self.attempts.get(key, 0), worker)
+        self.records[key] = rec
+        if self.on_record:
+            self.on_record(rec)
 
-        while (pending or any(s.batches for s in self.slots)) and not self.fatal:
-            for slot in self.slots:
-                submit(slot)
+    def land(self, job: dict[str, Any], rec: dict[str, Any]) -> None:
+        """Check the CUBIN that came back, store it, read it back; only then is it compiled."""
+        from cache.digest import digest_of
+        key, worker, seconds = job["key"], rec.get("worker"), rec.get("seconds", 0.0)
+        cubin = rec.get("cubin")
+        if not isinstance(cubin, bytes) or digest_of(cubin) != rec.get("digest"):
+            self.finish(job, FAILED, seconds=seconds, worker=worker, error_type="BadTransfer",
+                        error="the CUBIN that came back does not match the digest the worker "
+                              "computed; not stored")
+            return
+        try:
+            self.store.put_compile(key, cubin, symbol=rec["symbol"], meta=rec.get("meta") or {})
+            hit = self.store.get_compile(key)
+        except Exception as exc:  # noqa: BLE001 - a cache that cannot be written stops the build
+            where = self.farm.cache_dir
+            why = (f"the disk holding the cache {where} is full" if _disk_full(exc)
+                   else f"cannot write to the cache {where}: {type(exc).__name__}: {exc}")
+            self.farm.fatal = (f"{why}; stopped (every CUBIN stored before this one is kept); "
+                               "free space or use another --cache, then run again")
+            self.finish(job, FAILED, seconds=seconds, worker=worker, error_type="CacheWriteError",
+                        error=why)
+            return
+        if hit is None or hit.meta.get("digest") != rec["digest"]:
+            self.finish(job, FAILED, seconds=seconds, worker=worker, error_type="NotStored",
+                        error="the CUBIN did not read back from the cache after storing it")
+            return
+        self.finish(job, COMPILED, seconds=seconds, worker=worker)
+
+    # -- dispatch --
+    def take(self) -> dict[str, Any] | None:
+        """The next job this build may compile now (claimed), or None."""
+        while self.pending:
+            job = self.pending.popleft()
+            key = job["key"]
+            if key in self.records:
+                continue
+            if not self.claims.claim(key):
+                self.deferred.append(job)
+                continue
+            if self.store.has_compile(key):  # another build stored it since we planned
+                self.finish(job, CACHED)
+                continue
+            return job
+        return None
+
+    def recheck_deferred(self) -> None:
+        """Jobs another build claimed: cached once it stored them; ours if it let go."""
+        still = []
+        for job in self.deferred:
+            if self.store.has_compile(job["key"]):
+                self.finish(job, CACHED)
+            elif self.claims.claim(job["key"]):
+                self.pending.append(job)
+            else:
+                still.append(job)
+        self.deferred = still
+
+    def submit(self, slot: _Slot) -> None:
+        o, n_slots = self.farm.options, len(self.farm.slots)
+        while slot.ready and len(slot.batches) < QUEUE_DEPTH:
+            target = self.left_cost / (n_slots * 4)
+            batch: list[dict[str, Any]] = []
+            size = 0.0
+            while len(batch) < o.max_batch and (not batch or size < target):
+                job = self.take()
+                if job is None:
+                    break
+                batch.append(job)
+                size += self.cost[job["key"]]
+            if not batch:
+                return
+            self.left_cost = max(0.0, self.left_cost - size)
+            gen = slot.actor.run_batch.options(num_returns="streaming").remote(
+                batch, o.compile_timeout)
+            if not slot.batches:
+                slot.since = time.monotonic()
+            slot.batches.append(_Batch(batch, gen))
+
+    def requeue(self, slot: _Slot, blame: str | None, why: str) -> None:
+        """The slot's worker is gone: blame its current job (retry or fail), re-queue the rest."""
+        rest: list[dict[str, Any]] = []
+        current = None
+        # An actor runs its batches one after another, so the job it was on is the first
+        # without a result: possibly in the second batch, when the first has delivered all
+        # its records but its generator's end has not been seen yet.
+        for b in slot.batches:
+            left = b.jobs[b.done:]
+            if current is None and left:
+                current, left = left[0], left[1:]
+            rest.extend(left)
+        slot.batches.clear()
+        self.pending.extendleft(reversed(rest))
+        self.left_cost += sum(self.cost[j["key"]] for j in rest)
+        if current is not None:
+            key = current["key"]
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            worker = (slot.info or {}).get("worker", slot.name)
+            if blame == "Timeout":
+                self.finish(current, FAILED, error=why, error_type="Timeout", worker=worker)
+            elif self.attempts[key] > self.farm.options.max_retries:
+                self.finish(current, FAILED, error_type="WorkerDied", worker=worker,
+                            error=f"worker died while compiling this job, {self.attempts[key]} "
+                                  f"times (retries exhausted); last: {why}")
+            else:
+                self.pending.appendleft(current)
+                self.left_cost += self.cost[key]
+        self.farm._restart(slot)
+
+    def loop(self, todo: list[dict[str, Any]]) -> None:
+        farm, o = self.farm, self.farm.options
+        ray = farm._ray
+        estimate = o.estimate or (lambda job: 1.0)
+        self.cost = {job["key"]: max(0.0, float(estimate(job))) for job in todo}
+        # Longest first: the finish time nears max(total / workers, longest job).
+        self.pending = deque(sorted(todo, key=lambda j: -self.cost[j["key"]]))
+        self.left_cost = sum(self.cost.values())
+        limit = farm._limit()
+        deadline = time.monotonic() + o.startup_timeout
+        while (self.pending or self.deferred or any(s.batches for s in farm.slots)) \
+                and not farm.fatal:
+            if self.deferred:
+                self.recheck_deferred()
+            for slot in farm.slots:
+                self.submit(slot)
             waiting: dict[Any, tuple[_Slot, str]] = {}
-            for s in self.slots:
+            for s in farm.slots:
                 if s.warm_ref is not None:
                     waiting[s.warm_ref] = (s, "warm")
                 elif s.batches:
                     waiting[s.batches[0].gen] = (s, "batch")
+            if farm._first_ready is None and time.monotonic() > deadline:
+                raise FarmError(
+                    f"no worker was ready within {o.startup_timeout:.0f}s (are the nodes busy, "
+                    "or is the runtime_env failing to install?)")
             if not waiting:
+                if not self.pending:  # done, or only jobs another build is on: wait for those
+                    if self.deferred:
+                        time.sleep(TICK_SECONDS)
+                        if self.on_tick:
+                            self.on_tick()
+                    continue
                 raise FarmError("no live worker and jobs left (internal error)")
             now = time.monotonic()
             timeout = TICK_SECONDS
             if limit is not None:
-                for s in self.slots:
+                for s in farm.slots:
                     if s.batches:
                         timeout = min(timeout, s.since + limit - now)
             ready, _ = ray.wait(list(waiting), num_returns=1, timeout=max(0.0, timeout))
             for obj in ready:
-                slot, what = waiting[obj]
-                if what == "warm":
-                    self._warmed(slot)
-                    continue
-                batch = slot.batches[0]
-                try:
-                    ref = next(batch.gen)
-                except StopIteration:
-                    slot.batches.popleft()
-                    slot.since = time.monotonic()
-                    continue
-                except ray.exceptions.RayError as exc:
-                    requeue(slot, None, _cause(exc))
-                    continue
-                try:
-                    rec = ray.get(ref)
-                except ray.exceptions.RayError as exc:  # died, or the generator itself raised
-                    requeue(slot, None, _cause(exc))
-                    continue
-                job = batch.jobs[batch.done]
-                batch.done += 1
-                slot.since = time.monotonic()
-                attempts[job["key"]] = attempts.get(job["key"], 0) + 1
-                if rec.get("fatal"):
-                    self.fatal = rec.get("error") or rec.get("error_type") or "fatal error"
-                finish(job, rec["status"], seconds=rec.get("seconds", 0.0),
-                       error=rec.get("error"), error_type=rec.get("error_type"),
-                       worker=rec.get("worker"))
+                self.receive(*waiting[obj])
             if limit is not None:
                 now = time.monotonic()
-                for slot in self.slots:
+                for slot in farm.slots:
                     if slot.batches and now - slot.since > limit:
-                        requeue(slot, "Timeout",
-                                f"no result after {limit:.0f}s (compile timeout "
-                                f"{o.compile_timeout:g}s plus grace): the compile hung; its "
-                                "worker was killed and replaced")
-            if on_tick and not ready:
-                on_tick()
-        if self.fatal:
-            left = list(pending) + [j for s in self.slots for i, b in enumerate(s.batches)
-                                    for j in (b.jobs[b.done:] if i == 0 else b.jobs)]
-            self._stop_workers()  # nothing may land in the cache behind the driver's back
-            from cache import Store
-            with Store(self.cache_dir, readonly=False) as store:
-                for job in left:
-                    if job["key"] in records:
-                        continue
-                    if store.has_compile(job["key"]):  # finished before its worker stopped
-                        finish(job, COMPILED)
-                    else:
-                        finish(job, FAILED, error_type="Aborted",
-                               error=f"not built: the build was aborted: {self.fatal}")
+                        self.requeue(slot, "Timeout",
+                                     f"no result after {limit:.0f}s (compile timeout "
+                                     f"{o.compile_timeout:g}s plus grace): the compile hung; its "
+                                     "worker was killed and replaced")
+            if self.on_tick and not ready:
+                self.on_tick()
+        if farm.fatal:
+            left = list(self.pending) + self.deferred + [
+                j for s in farm.slots for i, b in enumerate(s.batches)
+                for j in (b.jobs[b.done:] if i == 0 else b.jobs)]
+            farm._stop_workers()  # the driver is the only writer: nothing more will land
+            for job in left:
+                if job["key"] not in self.records:
+                    self.finish(job, FAILED, error_type="Aborted",
+                                error=f"not built: the build was aborted: {farm.fatal}")
 
-    def _stop_workers(self) -> None:
-        """Kill every worker and wait until each is really gone."""
-        ray = self._ray
-        probes = []
-        for slot in self.slots:
-            slot.batches.clear()
-            if slot.actor is not None:
-                try:
-                    ray.kill(slot.actor, no_restart=True)
-                    probes.append(slot.actor.ping.remote())
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-                slot.actor = None
-        if probes:
-            ray.wait(probes, num_returns=len(probes), timeout=30)
+    def receive(self, slot: _Slot, what: str) -> None:
+        ray = self.farm._ray
+        if what == "warm":
+            first = self.farm._first_ready is None
+            self.farm._warmed(slot)
+            if self.farm.fatal:  # a worker that cannot set up or differs: the farm cannot run
+                raise FarmError(self.farm.fatal)
+            if first and self.farm._first_ready is not None and self.on_ready:
+                self.on_ready()
+            return
+        batch = slot.batches[0]
+        try:
+            ref = next(batch.gen)
+        except StopIteration:
+            slot.batches.popleft()
+            slot.since = time.monotonic()
+            return
+        except ray.exceptions.RayError as exc:
+            self.requeue(slot, None, _cause(exc))
+            return
+        try:
+            rec = ray.get(ref)
+        except ray.exceptions.RayError as exc:  # died, or the generator itself raised
+            self.requeue(slot, None, _cause(exc))
+            return
+        job = batch.jobs[batch.done]
+        batch.done += 1
+        slot.since = time.monotonic()
+        self.attempts[job["key"]] = self.attempts.get(job["key"], 0) + 1
+        if rec["status"] == COMPILED:
+            self.land(job, rec)
+            return
+        if rec.get("fatal"):
+            self.farm.fatal = rec.get("error") or rec.get("error_type") or "fatal error"
+        self.finish(job, rec["status"], seconds=rec.get("seconds", 0.0), error=rec.get("error"),
+                    error_type=rec.get("error_type"), worker=rec.get("worker"))
 
 
 def _cause(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ class FarmError(RuntimeError):
 
 @dataclass
 class JobRecord:
-    """The outcome of one job. Small: no CUBIN bytes (the worker stored those in the cache)."""
+    """The outcome of one job. Small: no CUBIN bytes (the driver stored those in the cache)."""
     key: str
     status: str
     seconds: float = 0.0          # compile seconds measured in the worker (0 when not compiled)

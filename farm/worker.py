@@ -1,27 +1,34 @@
-"""The worker actor: set up once (env, imports, toolchain probe, cache), then compile batches.
+"""The worker actor: set up once (env, temp dir, imports, toolchain probe), then compile batches.
 
 `FarmWorker` is a plain class; the executor wraps it with ``ray.remote``. ``run_batch`` is a
-generator: Ray streams one small record per job back to the driver as soon as it is done, so the
-driver knows which job a worker is on (to blame the right job for a crash or a hang).
+generator: Ray streams one record per job back to the driver as soon as it is done, so the
+driver knows which job a worker is on (to blame the right job for a crash or a hang). A compiled
+job's record carries the CUBIN bytes and their digest through Ray's object store: the worker
+never touches the cache, and writes nowhere but its own temp directory, which it removes when
+the driver closes it.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import pickle
+import shutil
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Callable
 
-from .env import STRIPPED_ENV, clean_worker_env
-from .records import CACHED, COMPILED, FAILED
+from cache.digest import digest_of
 
-#: Job fields copied into the cache entry's metadata when present.
-META_FIELDS = ("kernel", "kernel_fp", "arch", "config", "workload")
+from .env import clean_worker_env
+from .records import COMPILED, FAILED
+
 #: At most this much error text is kept per failed job.
 MAX_ERROR_CHARS = 8000
+#: Prefix of each worker's private temp directory (TMPDIR inside the worker).
+TEMP_PREFIX = "farm-worker-"
 
 
 def callable_ref(fn: Callable[..., Any] | str | None) -> str | bytes | None:
@@ -66,53 +73,58 @@ class FarmWorker:
         self.slot = slot
         self.spec = spec
         self.compile_fn: Callable[..., dict[str, Any]] | None = None
-        self.store: Any = None
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.temp: str | None = None
 
     def warm(self) -> dict[str, Any]:
-        """Environment, sys.path, imports, toolchain probe and cache, once per process."""
+        """Environment, private temp dir, sys.path, imports and setup hook, once per process."""
         start = time.perf_counter()
-        removed = clean_worker_env(self.slot, tuple(self.spec.get("strip_env", STRIPPED_ENV)),
+        removed = clean_worker_env(self.slot, tuple(self.spec.get("strip_env", ())),
                                    self.spec.get("env"))
-        # Import our own packages before the project's paths go first on sys.path: a project
-        # folder named like one of them (say cache/) must not shadow it.
-        from cache import Store
+        # Everything the compiler writes goes below one directory of ours, removed by close().
+        self.temp = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+        os.environ["TMPDIR"] = self.temp
+        tempfile.tempdir = self.temp
         for path in reversed(self.spec.get("sys_paths", [])):
             if path not in sys.path:
                 sys.path.insert(0, path)
         self.compile_fn = resolve_callable(self.spec["compile_fn"])
         setup = resolve_callable(self.spec.get("setup_fn"))
         info = dict(setup(*self.spec.get("setup_args", [])) or {}) if setup else {}
-        self.store = Store(self.spec["cache_dir"], readonly=False)
         return {"slot": self.slot, "worker": self.name, "pid": os.getpid(),
-                "warm_seconds": round(time.perf_counter() - start, 3),
+                "node": socket.gethostname(), "temp": self.temp, "warm_seconds": round(time.perf_counter() - start, 3),
                 "stripped_env": sorted(removed), **info}
 
     def ping(self) -> int:
         return os.getpid()
+
+    def close(self) -> bool:
+        """Remove this worker's temp directory (the driver calls this before killing it)."""
+        if self.temp:
+            shutil.rmtree(self.temp, ignore_errors=True)
+            self.temp = None
+        return True
 
     def run_batch(self, jobs: list[dict[str, Any]], timeout_sec: float | None):
         for job in jobs:
             yield self.run_one(job, timeout_sec)
 
     def run_one(self, job: dict[str, Any], timeout_sec: float | None) -> dict[str, Any]:
-        key = job["key"]
-        rec: dict[str, Any] = {"key": key, "worker": self.name, "seconds": 0.0}
-        if self.compile_fn is None or self.store is None:
+        rec: dict[str, Any] = {"key": job["key"], "worker": self.name, "seconds": 0.0}
+        if self.compile_fn is None:
             return {**rec, "status": FAILED, "error_type": "FarmError",
                     "error": "worker was not set up (warm() did not run)"}
         try:
-            if self.store.has_compile(key):  # another build stored it since the driver looked
-                return {**rec, "status": CACHED}
             start = time.perf_counter()
             out = self.compile_fn(job, timeout_sec=timeout_sec)
             seconds = float(out.get("seconds", time.perf_counter() - start))
-            meta = {f: job[f] for f in META_FIELDS if f in job}
-            meta.update({"toolchain": out.get("toolchain", job.get("toolchain")),
-                         "compile_seconds": round(seconds, 4)})
-            meta.update(out.get("meta") or {})
-            self.store.put_compile(key, out["cubin"], symbol=out["symbol"], meta=meta)
-            return {**rec, "status": COMPILED, "seconds": seconds}
+            cubin = out["cubin"]
+            if not isinstance(cubin, (bytes, bytearray)) or not cubin:
+                raise ValueError("the compile produced no output (empty CUBIN)")
+            cubin = bytes(cubin)
+            meta = {**(out.get("meta") or {}), "compile_seconds": round(seconds, 4)}
+            return {**rec, "status": COMPILED, "seconds": seconds, "cubin": cubin,
+                    "digest": digest_of(cubin), "symbol": out["symbol"], "meta": meta}
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - every failure is a record
             return {**rec, "status": FAILED, "error": error_text(exc),
                     "error_type": type(exc).__name__,

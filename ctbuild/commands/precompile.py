@@ -2,7 +2,9 @@
 
 The driver loads the project, probes the toolchain, plans, records the toolchain profile in the
 cache, skips keys already cached and hands the rest to the farm (`farm.Farm`), whose workers
-compile and store CUBINs themselves. Ray and the farm are imported only when this runs.
+compile and send the CUBINs back; the driver alone writes the cache. Into an empty cache Ray
+starts in the background while the toolchain is probed and the plan made. Ray and the farm are
+imported only when this runs.
 """
 from __future__ import annotations
 
@@ -28,15 +30,19 @@ EPILOG = """\
 examples:
   ctbuild precompile --config examples/ctbuild.toml --cache /cache
   ctbuild precompile --arch sm_90,sm_100 --workers 8 --compile-timeout 120
-  ctbuild precompile --address 10.0.0.5:6379 --cache /shared/cache      # existing Ray cluster
+  ctbuild precompile --address 10.0.0.5:6379 --cache /cache   # existing Ray cluster
   ctbuild precompile --from-record /logs/ctbuild-misses.jsonl --report build/precompile.json
   ctbuild precompile --json --allow-failures | jq .failed
 
 By default an embedded local Ray with one worker per core is started (a few seconds) and
-stopped at the end; nothing is started when every job is already cached. --address (or
-$RAY_ADDRESS) joins an existing cluster instead: ctbuild, the farm, the cache package and the
-project's kernel modules are shipped to the workers, which need cuda-tile[tileiras], ray,
-diskcache and xxhash installed and the cache directory at the same (shared) path.
+stopped at the end; into an empty cache it starts while the toolchain is probed and the plan
+made, otherwise only when something is left to compile. --address (or $RAY_ADDRESS) joins an
+existing cluster instead: ctbuild, the farm, the cache package and the project's kernel modules
+are shipped to the workers, which need cuda-tile[tileiras], ray, diskcache and xxhash installed, but no
+cache path and no shared filesystem: workers send each CUBIN back and this process alone
+stores it (and reads it back) in --cache. Longest configs go first (by the compile seconds the
+cache recorded for them in earlier builds). Two builds into one cache never compile the same
+key twice. A full disk stops the build (exit 1); every CUBIN stored until then is kept.
 
 Workers drop CUDA_HOME/CUDA_PATH so the pip tileiras with its own ptxas/libnvvm is used; a
 worker whose toolchain fingerprint differs from this machine's aborts the build.
@@ -145,35 +151,69 @@ def run(args: argparse.Namespace) -> int:
     if report is not None and (not report.parent.is_dir() or report.is_dir()):
         return fail(f"--report {args.report}: " + ("is a directory" if report.is_dir() else
                                                    f"directory {report.parent} does not exist"))
-    from farm.env import STRIPPED_ENV
+    from ..buildworker import STRIPPED_ENV
     dropped = [k for k in STRIPPED_ENV if os.environ.pop(k, None) is not None]
 
-    from ..plan import make_plan
-    from ..toolchain import probe, record_in
     project = project_from_args(args)
     kernels = project.kernels()
     try:
         extra, record_archs = read_records(args.from_record, kernels)
     except RecordFileError as exc:
         return fail(str(exc))
+    stream = sys.stderr if args.json else sys.stdout
+    if not args.json and dropped:
+        print(f"note: ignoring {', '.join(dropped)} (the pip tileiras uses its own ptxas/libnvvm)",
+              file=stream)
+    farm = _make_farm(args, project)
+    out = sys.stdout
+    try:
+        # Ray's driver threads print cluster events (e.g. "A worker died...") to sys.stdout;
+        # keep stdout for our output (one JSON object with --json) and send those to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            if _cache_is_cold(project.cache_dir):  # surely something to build: start Ray now,
+                farm.start_in_background()           # while the toolchain is probed and planned
+            return _build(args, project, kernels, extra, record_archs, farm, stream, out,
+                          report, started)
+    finally:
+        with contextlib.redirect_stdout(sys.stderr):
+            farm.close()
+
+
+def _cache_is_cold(cache_dir: Path) -> bool:
+    """Whether the cache holds no compile entry yet (then a build compiles, surely)."""
+    from cache import Store
+    try:
+        with Store(cache_dir, readonly=True) as store:
+            return next(iter(store.compile_entries()), None) is None
+    except Exception:  # noqa: BLE001 - an unusable cache is reported later, with its reason
+        return False
+
+
+def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
+           extra: dict[str, list[Workload]], record_archs: list[Arch], farm: Any, stream: Any,
+           out: Any, report: Path | None, started: float) -> int:
+    """Probe, plan, compile on ``farm``; the summary goes to ``out`` (the real stdout)."""
+    from ..job_estimates import estimator
+    from ..plan import make_plan
+    from ..toolchain import probe, record_in
     archs = list(project.archs) + [a for a in record_archs if a not in project.archs]
     toolchain = probe()
     plan = make_plan(kernels, archs, toolchain.fingerprint, project.cap, extra_workloads=extra,
                      generic=project.generic, devices=project.devices)
 
+    import sqlite3
+
     from cache import CacheError, Store
     try:
         with Store(project.cache_dir, readonly=False) as store:
             record_in(store, toolchain)
-    except (CacheError, OSError, ValueError) as exc:
+            farm.options.estimate = estimator(store)
+    except (CacheError, OSError, ValueError, sqlite3.Error) as exc:
         return fail(f"cache {project.cache_dir}: {exc}")
+    farm.options.expect = {"toolchain": toolchain.fingerprint}
 
-    stream = sys.stderr if args.json else sys.stdout
-    if not args.json and dropped:
-        print(f"note: ignoring {', '.join(dropped)} (the pip tileiras uses its own ptxas/libnvvm)",
-              file=stream)
     jobs = {key: job.to_json() for key, job in plan.jobs.items()}
-    result, error = _run_farm(args, project, toolchain.fingerprint, list(jobs.values()), stream)
+    result, error = _run_farm(args, farm, list(jobs.values()), stream)
     if error is not None:
         return fail(error, 1)
 
@@ -195,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         "cached": result.count("cached"), "failed": result.count("failed"),
         "seconds": round(time.perf_counter() - started, 3), "workers": result.workers,
         "startup_seconds": round(result.startup_seconds, 3),
+        "run_seconds": round(result.run_seconds, 3),
         "compile_seconds": round(sum(r["seconds"] for r in rows), 3),
         "restarts": result.restarts, "toolchain": toolchain.fingerprint,
         "archs": [str(a) for a in archs], "cache": str(project.cache_dir),
@@ -204,25 +245,27 @@ def run(args: argparse.Namespace) -> int:
     if report is not None:
         _write_atomic(report, {"summary": summary, "worker_info": result.worker_info,
                                "jobs": rows})
-    if args.json:
-        print_json(summary)
-    else:
-        print(render_summary(summary["kernels"], failures, summary))
+    with contextlib.redirect_stdout(out):
+        if args.json:
+            print_json(summary)
+        else:
+            print(render_summary(summary["kernels"], failures, summary))
+    if result.fatal:
+        print(f"error: {result.fatal}", file=sys.stderr)
     if result.fatal or (failures and not args.allow_failures):
         return 1
     return 0
 
 
-def _run_farm(args: argparse.Namespace, project: Any, fingerprint: str,
-              jobs: list[dict[str, Any]], stream: Any) -> tuple[Any, str | None]:
-    """Run the jobs on the farm with a progress display; (result, None) or (None, error)."""
+def _make_farm(args: argparse.Namespace, project: Any) -> Any:
+    """The farm for this build (not started): where it runs, what workers import and strip."""
     import cache as cache_pkg
     import ctbuild
     import farm as farm_pkg
     from farm import Farm, FarmError, FarmOptions
     from farm.cluster import module_paths, resolve_address
 
-    from ..progress import Progress
+    from ..buildworker import STRIPPED_ENV
 
     address = resolve_address(args.address)
     paths = [str(p) for p in project.paths]
@@ -238,21 +281,27 @@ def _run_farm(args: argparse.Namespace, project: Any, fingerprint: str,
         setup_fn="ctbuild.buildworker:warm_worker",
         setup_args=(list(project.modules), paths if address is None else []),
         sys_paths=paths, ship=ship, fatal_errors=("CompileMismatchError",),
-        expect={"toolchain": fingerprint})
+        strip_env=STRIPPED_ENV)
+    return Farm(project.cache_dir, "ctbuild.compiler:compile_job", options)
+
+
+def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
+              stream: Any) -> tuple[Any, str | None]:
+    """Run the jobs on the farm with a progress display; (result, None) or (None, error)."""
+    from farm import FarmError
+
+    from ..progress import Progress
+
     progress = Progress(len(jobs), stream)
 
     def on_start(todo: int) -> None:
-        where = f"Ray at {address}" if address else "embedded Ray"
+        where = f"Ray at {farm.address}" if farm.address else "embedded Ray"
         progress.phase(f"{todo} to compile, {len(jobs) - todo} cached; starting workers on "
                        f"{where}")
 
     try:
-        # Ray's driver threads print cluster events (e.g. "A worker died...") to sys.stdout;
-        # keep stdout for our output (one JSON object with --json) and send those to stderr.
-        with contextlib.redirect_stdout(sys.stderr), \
-                Farm(project.cache_dir, "ctbuild.compiler:compile_job", options) as farm:
-            result = farm.run(jobs, on_record=progress.record, on_tick=progress.tick,
-                              on_start=on_start)
+        result = farm.run(jobs, on_record=progress.record, on_tick=progress.tick,
+                          on_start=on_start, on_ready=progress.workers_ready)
     except FarmError as exc:
         progress.close()
         return None, str(exc)

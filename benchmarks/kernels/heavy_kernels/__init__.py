@@ -1,0 +1,1 @@
+"""Heavier real-world style kernels for the precompile benchmark (attention, matmul variants)."""

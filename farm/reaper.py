@@ -1,0 +1,76 @@
+"""A watchdog that outlives a killed driver just long enough to stop what the driver started.
+
+Ray's local processes (GCS, raylet, their agents, the workers) are descendants of the driver
+that started them; when the driver dies by SIGKILL (an OOM kill) some of them survive it. The
+driver starts this script as a separate process (its own session, so it is not killed with the
+driver's process group) holding the read end of a pipe. It keeps a list of the driver's
+descendants that appeared after it started, rescanning ``/proc`` twice a second; when the pipe
+reaches EOF without a goodbye (the driver is gone) it SIGKILLs every one of them still alive
+(checked by start time, so a reused PID is never hit), then exits. Standard library only: it runs
+as a plain script, not as part of the package.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+from pathlib import Path
+
+SCAN_SECONDS = 0.5
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time) of ``pid``, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), int(fields[19])
+
+
+def _table() -> dict[int, tuple[int, int]]:
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None:
+            table[int(name)] = st
+    return table
+
+
+def _descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]:
+    found, frontier = set(), set(roots)
+    while frontier:
+        frontier = {pid for pid, (ppid, _) in table.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def watch(driver: int, pipe: int) -> None:
+    before = set(_table()) | {os.getpid()}  # what existed already is not the farm's
+    watched: dict[int, int] = {}
+    while True:
+        ready, _, _ = select.select([pipe], [], [], SCAN_SECONDS)
+        table = _table()
+        for pid in _descendants({driver, *watched}, table) - before:
+            watched.setdefault(pid, table[pid][1])
+        if ready:
+            data = os.read(pipe, 64)
+            if data:  # a goodbye: the driver shut down normally
+                return
+            break
+    for _ in range(3):  # kill, then catch anything spawned meanwhile
+        table = _table()
+        for pid in _descendants(set(watched), table) - before:
+            watched.setdefault(pid, table[pid][1])
+        for pid, start in watched.items():
+            st = table.get(pid)
+            if st is not None and st[1] == start:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), int(sys.argv[2]))
