@@ -14,11 +14,10 @@ import importlib
 import logging
 import os
 import sys
-import sysconfig
 import traceback
-from pathlib import Path
 
 from . import __version__
+from .user_code import user_frame
 
 #: Subcommands in help order: module name under ctbuild.commands, one-line summary.
 COMMANDS = {
@@ -44,11 +43,6 @@ Run 'ctbuild COMMAND --help' for each command's options.
 BAD_INPUT = (("ctbuild.config", "ConfigError"), ("ctbuild.declare", "DeclarationError"),
              ("ctbuild.toolchain", "ToolchainError"), ("ctbuild.miss_policy", "RuntimeConfigError"),
              ("cache.errors", "CacheError"))
-#: Our own code: a traceback whose deepest frame is here (and not in user code) is our bug.
-OWN_DIRS = tuple(str(Path(__file__).resolve().parent.parent / name) + os.sep
-                 for name in ("ctbuild", "cache", "farm"))
-LIBRARY_DIRS = tuple({str(Path(p).resolve()) + os.sep for key, p in sysconfig.get_paths().items()
-                      if key in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -122,17 +116,6 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
     at = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
     return (f"internal error: {type(exc).__name__}: {text}{at}; please report it with the "
             "output of the same command run with -v"), 1
-
-
-def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
-    """The deepest frame of the traceback in the user's code (not ctbuild, not a library)."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return traceback.FrameSummary(exc.filename, exc.lineno or 0, "<module>")
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        path = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else ""
-        if path and not path.startswith(OWN_DIRS) and not path.startswith(LIBRARY_DIRS):
-            return frame
-    return None
 
 
 if __name__ == "__main__":

@@ -14,10 +14,19 @@ from .device_table import nominal_device
 from .dims import dynamic_positions
 from .keys import kernel_compile_key
 from .signature import derive_signature
-from .signature_classes import (CLASSES, EXACT, EXACT_WEAKENING, GENERIC_WEAKENING, RELAXED,
-                                Weakening, param_dynamics, weaken)
+from .signature_classes import (
+    CLASSES,
+    EXACT,
+    EXACT_WEAKENING,
+    GENERIC_WEAKENING,
+    RELAXED,
+    Weakening,
+    param_dynamics,
+    weaken,
+)
 from .space import Config, UnknownAxisError
 from .specs import Workload, describe, spec_to_json
+from .user_code import where
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,7 @@ def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
         raise
     except Exception as exc:  # grid/args are user code: any error is a declaration problem
         raise kernel.error(f"config {cfg!r} on {describe(w)}: {type(exc).__name__}: {exc}"
-                           ) from None
+                           f"{where(exc)}") from None
     key = kernel_compile_key(kernel, cfg, signature, arch, toolchain_fp)
     return CompileJob(key=key, kernel=kernel.name, module=kernel.module,
                       kernel_fp=kernel.fingerprint, arch=str(arch), config=cfg.to_json(),
