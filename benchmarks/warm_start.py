@@ -3,8 +3,8 @@
     python benchmarks/warm_start.py [--cache DIR] [--out DIR]
 
 1. ``build`` (own process): precompile every example workload for sm_90 in a local process
-   pool (``ctbuild.compiler.compile_job``; no Ray) and tune them on this GPU
-   (``ctbuild.tuning.tune_workload``) into the cache DIR.
+   pool (``ctbuild.build.compiler.compile_job``; no Ray) and tune them on this GPU
+   (``ctbuild.tune.tuner.tune_workload``) into the cache DIR.
 2. ``warm`` (fresh process, ``CTBUILD_MODE=strict``, ``--no-tileiras``: PATH stripped of
    tileiras and cuTile's compiler lookup raising): ``import ctbuild``, call each kernel on its
    first declared workload, synchronize, check against torch. Counts tileiras runs
@@ -59,7 +59,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     os.environ["CTBUILD_MODE"] = "strict"
     t0 = time.perf_counter()
     import ctbuild  # noqa: F401
-    from ctbuild.served import STATS
+    from ctbuild.serve.served_kernel import STATS
     kernels = ex.load_examples()
     t_import = time.perf_counter() - t0
     import torch
@@ -104,6 +104,7 @@ def cmd_cold(args: argparse.Namespace) -> int:
     counter = ex.CompileCount()
     t0 = time.perf_counter()
     import cuda.tile as ct
+
     from ctbuild.arch import Arch
     kernels = ex.load_examples()
     t_import = time.perf_counter() - t0

@@ -40,8 +40,8 @@ Run 'ctbuild COMMAND --help' for each command's options.
 
 #: Errors that mean "the input is wrong" (exit 2), by module and class name: looked up in
 #: sys.modules, so classifying an error never imports anything.
-BAD_INPUT = (("ctbuild.config", "ConfigError"), ("ctbuild.declare", "DeclarationError"),
-             ("ctbuild.toolchain", "ToolchainError"), ("ctbuild.miss_policy", "RuntimeConfigError"),
+BAD_INPUT = (("ctbuild.project", "ConfigError"), ("ctbuild.declare", "DeclarationError"),
+             ("ctbuild.toolchain", "ToolchainError"), ("ctbuild.serve.miss_policy", "RuntimeConfigError"),
              ("cache.errors", "CacheError"))
 
 

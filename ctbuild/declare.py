@@ -18,9 +18,17 @@ from .arch import Arch
 from .device_table import DeviceInfo, wants_device
 from .dims import expand_workloads
 from .fingerprint import FingerprintError, kernel_fingerprint
-from .keys import key as default_key_fn, resolve_hints
-from .space import (HINT_NAMES, Config, Space, UnknownAxisError, as_space, call_constraint,
-                    cap_configs)
+from .keys import key as default_key_fn
+from .keys import resolve_hints
+from .space import (
+    HINT_NAMES,
+    Config,
+    Space,
+    UnknownAxisError,
+    as_space,
+    call_constraint,
+    cap_configs,
+)
 from .specs import Workload
 
 DEFAULT_CAP = 30
@@ -254,7 +262,7 @@ class TunedKernel:
         if runtime is None:
             with _RUNTIME_LOCK:  # many first calls at once must share one runtime
                 if self._runtime is None:
-                    from .runtime import KernelRuntime
+                    from .serve.kernel_runtime import KernelRuntime
                     self._runtime = KernelRuntime(self)
                 runtime = self._runtime
         return runtime

@@ -44,6 +44,7 @@ def torch_dtype(name: str) -> Any:
 def host_tensors(w: Any, device: str = "cpu", seed: int = 0) -> tuple:
     """Real arguments (positional, in the kernel's call order) for a spec workload."""
     import torch
+
     from ctbuild import Scalar, Tensor
     g = torch.Generator(device="cpu").manual_seed(seed)
     out = []
@@ -101,7 +102,7 @@ def gpu_case(tuned: Any, workload_index: int = 0, seed: int = 0) -> tuple[tuple,
 
 # ---- building a warm cache in-process ------------------------------------------------------
 def _compile_one(job: dict[str, Any]) -> dict[str, Any]:
-    from ctbuild.compiler import compile_job
+    from ctbuild.build.compiler import compile_job
     try:
         return {"key": job["key"], **compile_job(job)}
     except Exception as exc:  # noqa: BLE001 - reported per job
@@ -113,7 +114,7 @@ def precompile(store: Any, kernels: list, arch: str = ARCH, workers: int | None 
     """Plan every kernel x declared workload for ``arch`` and compile the missing CUBINs in a
     local process pool (fork; call before CUDA is initialised in this process)."""
     from ctbuild.arch import Arch
-    from ctbuild.plan import make_plan
+    from ctbuild.build.plan import make_plan
     from ctbuild.toolchain import probe
     tc = probe()
     store.put_toolchain(tc.fingerprint, {**tc.profile, "created": time.time()})
@@ -143,8 +144,8 @@ def precompile(store: Any, kernels: list, arch: str = ARCH, workers: int | None 
 
 
 def tune_all(store: Any, kernels: list, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Tune every declared workload on this GPU with ``ctbuild.tuning.tune_workload``."""
-    from ctbuild import tuning
+    """Tune every declared workload on this GPU with ``ctbuild.tune.tuner.tune_workload``."""
+    from ctbuild.tune import tuner as tuning
     start = time.perf_counter()
     done = []
     for k in kernels:

@@ -109,7 +109,7 @@ def test_constant_derived_from_a_dynamic_dim_warns(tmp_path: Path) -> None:
 def test_derived_constants_found(cov, monkeypatch: pytest.MonkeyPatch) -> None:
     import cov_kernels.derived as d
 
-    from ctbuild.coverage import derived_constants
+    from ctbuild.build.coverage import derived_constants
     found = derived_constants(d.seq_constant)
     assert [f["parameter"] for f in found] == ["SEQ"] and "declare the values" in \
         found[0]["message"].lower()
@@ -117,8 +117,8 @@ def test_derived_constants_found(cov, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_grid_sees_the_nominal_device(cov) -> None:
-    from ctbuild.config import load_project
     from ctbuild.device_table import nominal_device
+    from ctbuild.project import load_project
     project = load_project(PROJECT / "ctbuild.toml")
     dev = nominal_device("sm_90", project.devices)
     assert (dev.name, dev.sm_count) == ("NVIDIA H200", 132)
@@ -143,8 +143,8 @@ def compiled_add(cov, runtime_store, monkeypatch: pytest.MonkeyPatch):
     """A cache holding, compiled by the real tileiras, dyn_add's default-config CUBINs of the
     4096 bucket (exact and relaxed) and its generic CUBIN; no tuning record."""
     from ctbuild import runtime
-    from ctbuild.compiler import compile_job
-    from ctbuild.plan import job_for, relaxed_weakening
+    from ctbuild.build.compiler import compile_job
+    from ctbuild.build.plan import job_for, relaxed_weakening
     from ctbuild.signature_classes import GENERIC_WEAKENING
     k = cov.dyn_add
     rep = next(w for w in k.workloads if w.X.shape[0] == 4096)
@@ -173,7 +173,7 @@ def _fake_probe():
 
 
 def test_lookup_order_and_explain(compiled_add) -> None:
-    from ctbuild.miss_policy import CacheMissError
+    from ctbuild.serve.miss_policy import CacheMissError
     from ctbuild.specs import Tensor
     k, cfg, jobs = compiled_add
 
@@ -208,10 +208,10 @@ def test_lookup_order_and_explain(compiled_add) -> None:
 
 def test_recorded_workloads_are_discovered_for_tuning(cov, runtime_store,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from ctbuild.plan import job_for
-    from ctbuild.recorded import recorded_workloads
+    from ctbuild.build.plan import job_for
     from ctbuild.specs import Tensor, Workload
-    from ctbuild.tune_session import entries_for
+    from ctbuild.tune.recorded import recorded_workloads
+    from ctbuild.tune.session import entries_for
     k = cov.dyn_matmul
     odd = Workload({"A": Tensor((3000, 1000), "float16"), "B": Tensor((1000, 4096), "float16"),
                     "C": Tensor((3000, 4096), "float16")})
@@ -237,8 +237,8 @@ def test_jit_without_tileiras_is_a_counted_miss_not_a_compile(cov, runtime_store
     from cuda.tile._cext import default_tile_context
 
     from ctbuild import runtime
-    from ctbuild.miss_policy import CacheMissError
-    from ctbuild.served import STATS, ServedKernel
+    from ctbuild.serve.miss_policy import CacheMissError
+    from ctbuild.serve.served_kernel import STATS, ServedKernel
     from ctbuild.signature import derive_signature
     from ctbuild.specs import Tensor
 

@@ -27,10 +27,10 @@ import json, sys
 import torch
 sys.path.insert(0, sys.argv[2])
 from cache import Store
-from ctbuild.config import load_project
+from ctbuild.project import load_project
 from ctbuild.keys import kernel_record_key
-from ctbuild.plan import job_for
-from ctbuild.runtime import CacheMissError
+from ctbuild.build.plan import job_for
+from ctbuild.serve.kernel_runtime import CacheMissError
 from ctbuild.space import Config
 kernels = {k.name: k for k in load_project(sys.argv[2] + "/ctbuild.toml").kernels()}
 tc = next(iter(Store(sys.argv[3]).toolchains()))
@@ -128,8 +128,8 @@ def test_toolkit_env_vars_are_stripped_not_keyed(two_builds: dict) -> None:
 def test_a_bad_cuda_root_breaks_an_unstripped_tileiras(tmp_path: Path) -> None:
     """The reason for stripping: tileiras with CUDA_ROOT=/nonexistent fails to compile."""
     script = ("import os, sys\nsys.path.insert(0, sys.argv[1])\n"
-              "from ctbuild.config import load_project\nfrom ctbuild.compiler import tileir\n"
-              "from ctbuild.plan import job_and_signature\nfrom ctbuild.toolchain import probe\n"
+              "from ctbuild.project import load_project\nfrom ctbuild.build.compiler import tileir\n"
+              "from ctbuild.build.plan import job_and_signature\nfrom ctbuild.toolchain import probe\n"
               "from cuda.tile._compile import compile_cubin\n"
               "k = load_project(sys.argv[1] + '/ctbuild.toml').kernels()[0]\n"
               "cfg = k.candidates(k.workloads[0], 'sm_90').kept[0]\n"
@@ -197,7 +197,7 @@ def test_constant_through_args_is_in_the_tuning_key(monkeypatch: pytest.MonkeyPa
     monkeypatch.syspath_prepend(str(FIXTURE))
     from idkernels.eps import add_eps
 
-    from ctbuild.live_args import workload_spec
+    from ctbuild.serve.live_args import workload_spec
     w = add_eps.workloads[0]
     assert add_eps.constant_args() == {"eps"}
     other = type(w)({**w, "eps": 1e-6})

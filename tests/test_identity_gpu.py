@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 from cli_helpers import explain, precompile  # noqa: E402
 
 from ctbuild import runtime  # noqa: E402
-from ctbuild.miss_policy import CacheMissError  # noqa: E402
-from ctbuild.served import STATS  # noqa: E402
+from ctbuild.serve.miss_policy import CacheMissError  # noqa: E402
+from ctbuild.serve.served_kernel import STATS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 FIXTURE = Path(__file__).parent / "fixtures" / "identity_project"

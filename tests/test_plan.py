@@ -6,7 +6,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, run_cli
 
 EXAMPLE_KERNELS = {"silu_mul", "rmsnorm", "matmul", "rope_inplace"}
@@ -30,8 +29,8 @@ def test_plan_lists_every_example_kernel(example_plan: dict) -> None:
 
 def test_jobs_equal_distinct_compile_keys(examples_on_path: Path) -> None:
     from ctbuild.arch import parse_archs
-    from ctbuild.config import load_project
-    from ctbuild.plan import make_plan
+    from ctbuild.build.plan import make_plan
+    from ctbuild.project import load_project
     project = load_project(EXAMPLES / "ctbuild.toml")
     plan = make_plan(project.kernels(), parse_archs("sm_90,sm_100"), "fp")
     keys = [k for e in plan.entries for k in e.job_keys]
@@ -45,8 +44,8 @@ def test_cli_jobs_count_matches_python_plan(example_plan: dict, examples_on_path
     from collections import Counter
 
     from ctbuild.arch import parse_archs
-    from ctbuild.config import load_project
-    from ctbuild.plan import make_plan
+    from ctbuild.build.plan import make_plan
+    from ctbuild.project import load_project
     project = load_project(EXAMPLES / "ctbuild.toml")
     plan = make_plan(project.kernels(), parse_archs("sm_90,sm_100"), example_plan["toolchain"])
     assert example_plan["jobs"] == len(plan.jobs) > 0

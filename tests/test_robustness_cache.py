@@ -163,7 +163,7 @@ def resolve(kernels, name: str):
 
 def test_runtime_on_a_damaged_cache_falls_back_in_default_and_says_so_in_strict(runtime_store, examples):
     from ctbuild import runtime
-    from ctbuild.miss_policy import CacheMissError
+    from ctbuild.serve.miss_policy import CacheMissError
     from ctbuild.signature import derive_signature
     from ctbuild.space import Config
     tuned = examples["silu_mul"]
@@ -188,7 +188,7 @@ def test_runtime_on_a_damaged_cache_falls_back_in_default_and_says_so_in_strict(
 
 def test_unknown_cuda_tile_variable_at_serve_time(runtime_store, examples, monkeypatch, caplog):
     from ctbuild import runtime
-    from ctbuild.miss_policy import RuntimeConfigError
+    from ctbuild.serve.miss_policy import RuntimeConfigError
     monkeypatch.setenv("CUDA_TILE_SOMETHING_NEW", "1")
     runtime.configure(store=runtime_store, mode="default")
     for _ in range(3):  # every call works: default config, JIT

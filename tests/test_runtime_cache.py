@@ -11,12 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
 from gpu_runtime_examples import ROOT, host_tensors, load_examples  # noqa: E402
 
 from cache import Store  # noqa: E402
-from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
 from ctbuild import runtime  # noqa: E402
-from ctbuild.served import CubinSource, ServedKernel  # noqa: E402
+from ctbuild.serve.served_kernel import CubinSource, ServedKernel  # noqa: E402
 from ctbuild.signature import derive_signature  # noqa: E402
 from ctbuild.space import Config  # noqa: E402
 
@@ -160,7 +160,7 @@ def test_warm_path_imports_neither_ray_nor_farm(tmp_path: Path) -> None:
 def test_import_fails_loudly_on_another_cutile(monkeypatch: pytest.MonkeyPatch) -> None:
     import cuda.tile as ct
 
-    from ctbuild.served import UnsupportedCuTileError, check_cutile
+    from ctbuild.serve.served_kernel import UnsupportedCuTileError, check_cutile
     monkeypatch.setattr(ct, "__version__", "1.8.0")
     with pytest.raises(UnsupportedCuTileError, match="1.7.0"):
         check_cutile()
@@ -169,7 +169,7 @@ def test_import_fails_loudly_on_another_cutile(monkeypatch: pytest.MonkeyPatch) 
 def test_hot_path_skips_the_slow_path(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first call of a layout, calls cost a key + dict lookup + ct.launch: no lock,
     no resolution (the launch and the device are stubbed: this runs on a CPU)."""
-    import ctbuild.runtime as rtmod
+    import ctbuild.serve.kernel_runtime as rtmod
     launches = []
     monkeypatch.setattr(rtmod.ct, "launch", lambda *a: launches.append(a))
     monkeypatch.setattr(rtmod.KernelRuntime, "_device_for", lambda self, w: 0)

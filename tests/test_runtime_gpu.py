@@ -20,13 +20,13 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import cuda.tile as ct  # noqa: E402
+from gpu_runtime_examples import build_cache, check, gpu_case, load_examples  # noqa: E402
 
 import ctbuild  # noqa: E402
 from cache import Store  # noqa: E402
 from ctbuild import Product, Tensor, runtime  # noqa: E402
-from ctbuild.miss_policy import CacheMissError  # noqa: E402
-from ctbuild.served import STATS  # noqa: E402
-from gpu_runtime_examples import build_cache, check, gpu_case, load_examples  # noqa: E402
+from ctbuild.serve.miss_policy import CacheMissError  # noqa: E402
+from ctbuild.serve.served_kernel import STATS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 KERNELS = load_examples()

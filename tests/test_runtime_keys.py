@@ -10,9 +10,8 @@ from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 import ctbuild  # noqa: E402
 from ctbuild import Product  # noqa: E402
-
 from ctbuild.keys import tuning_record_key  # noqa: E402
-from ctbuild.live_args import align_of, spec_of, token, workload_spec  # noqa: E402
+from ctbuild.serve.live_args import align_of, spec_of, token, workload_spec  # noqa: E402
 from ctbuild.signature import derive_signature, signature_text  # noqa: E402
 from ctbuild.specs import Scalar, Tensor, Workload, spec_from_json, spec_to_json  # noqa: E402
 

@@ -12,13 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 from cache import Store  # noqa: E402
-from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
 from ctbuild import runtime  # noqa: E402
 from ctbuild.keys import tuning_record_key  # noqa: E402
-from ctbuild.miss_policy import CacheMissError, RuntimeConfigError  # noqa: E402
+from ctbuild.serve.miss_policy import CacheMissError, RuntimeConfigError  # noqa: E402
 from ctbuild.signature import derive_signature  # noqa: E402
 from ctbuild.specs import Workload, spec_from_json  # noqa: E402
 

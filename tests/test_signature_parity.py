@@ -252,7 +252,7 @@ def test_signature_classes_parity(stub_libcuda_dir: Path) -> None:
     every size of the range, generic for every layout) and the keys the runtime derives from
     specs on the CPU."""
     from ctbuild.arch import Arch
-    from ctbuild.plan import make_plan
+    from ctbuild.build.plan import make_plan
     from ctbuild.signature import derive_signature
 
     env = dict(os.environ)
@@ -266,7 +266,7 @@ def test_signature_classes_parity(stub_libcuda_dir: Path) -> None:
     sys.path.insert(0, str(COVERAGE_PROJECT))
     import cov_kernels.kernels as kernels
 
-    from ctbuild.served import CubinSource
+    from ctbuild.serve.served_kernel import CubinSource
     tuned = {n: getattr(kernels, n) for n in CLASS_KERNELS}
     plan = make_plan(list(tuned.values()), [Arch("sm_90")], CLASS_FP)
     planned = {n: {c: {k for k, j in plan.jobs.items() if j.kernel == n and j.cubin_class == c}

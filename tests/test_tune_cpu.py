@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import ROOT, run_cli
 
 FIXTURE = ROOT / "tests" / "fixtures" / "tune_project"
@@ -47,7 +46,7 @@ def canned_result() -> dict:
 
 
 def test_report_renders_chart_winner_default_and_failures(tmp_path):
-    from ctbuild.tune_report import render_html, write_report
+    from ctbuild.tune.report import render_html, write_report
     page = render_html(canned_result())
     assert page.startswith("<!doctype html>") and "<script src" not in page
     assert page.count("<svg") == 1 and "★ winner" in page and "(default)" in page
@@ -64,7 +63,7 @@ def test_report_renders_chart_winner_default_and_failures(tmp_path):
 
 
 def test_report_chart_with_no_measurement():
-    from ctbuild.tune_report import chart
+    from ctbuild.tune.report import chart
     assert "No candidate" in chart({"candidates": []})
 
 
@@ -72,8 +71,10 @@ def test_report_chart_with_no_measurement():
 @pytest.fixture
 def fixture_kernels(monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURE))
-    import tune_kernels.faulty, tune_kernels.twice  # noqa: E401,F401
-    from ctbuild.config import load_project
+    import tune_kernels.faulty  # noqa: E401,F401
+    import tune_kernels.twice
+
+    from ctbuild.project import load_project
     return {k.name: k for k in load_project(FIXTURE / "ctbuild.toml").kernels()}
 
 
@@ -106,8 +107,8 @@ def fake_search(times, launches, fail=()):
 
 
 def _prime(store, tuned, w, device, fp, skip=()):
-    from ctbuild.plan import job_for
     from ctbuild.arch import Arch
+    from ctbuild.build.plan import job_for
     for cfg in tuned.candidates(w, Arch(device.arch)).kept:
         if cfg.to_json() in skip:
             continue
@@ -117,8 +118,10 @@ def _prime(store, tuned, w, device, fp, skip=()):
 
 def test_record_structure_and_skip_when_tuned(tmp_path, monkeypatch, fixture_kernels):
     import cuda.tile as ct
+
     from cache import Store
-    from ctbuild import tune_session, tuning
+    from ctbuild.tune import session as tune_session
+    from ctbuild.tune import tuner as tuning
     twice = fixture_kernels["twice"]
     device = tuning.Device(0, "sm_90", "Fake GPU", "580.0")
     store, fp = Store(tmp_path / "cache"), "fp-test"
@@ -166,8 +169,9 @@ def test_record_structure_and_skip_when_tuned(tmp_path, monkeypatch, fixture_ker
 def test_failures_are_recorded_and_all_failed_writes_nothing(tmp_path, monkeypatch,
                                                              fixture_kernels):
     import cuda.tile as ct
+
     from cache import Store
-    from ctbuild import tuning
+    from ctbuild.tune import tuner as tuning
     faulty = fixture_kernels["faulty"]
     device = tuning.Device(0, "sm_90", "Fake GPU", "580.0")
     store, fp = Store(tmp_path / "cache"), "fp-test"
@@ -200,10 +204,11 @@ def test_inplace_restore_leaves_one_clean_launch(tmp_path, monkeypatch, examples
     """restore= arguments: every sample starts from the snapshot; afterwards the caller's
     tensors are as after one launch of the winner (the fake kernel adds 1 in place)."""
     import cuda.tile as ct
-    from cache import Store
-    from ctbuild import tuning
-    from ctbuild.workload_inputs import make_inputs
     from demo_kernels.rope import rope_inplace
+
+    from cache import Store
+    from ctbuild.tune import tuner as tuning
+    from ctbuild.tune.inputs import make_inputs
     device = tuning.Device(0, "sm_90", "Fake GPU", "580.0")
     store, fp = Store(tmp_path / "cache"), "fp-test"
     spec = rope_inplace.workloads[0]
@@ -228,7 +233,7 @@ def test_inplace_restore_leaves_one_clean_launch(tmp_path, monkeypatch, examples
 
 def test_make_inputs_specs_and_hook(fixture_kernels):
     from ctbuild.specs import Tensor
-    from ctbuild.workload_inputs import make_inputs, spec_of
+    from ctbuild.tune.inputs import make_inputs, spec_of
     twice = fixture_kernels["twice"]
     w = make_inputs(twice, twice.workloads[0], "cpu")
     assert torch.equal(w.X, torch.arange(1 << 18, dtype=torch.float32))   # the inputs hook

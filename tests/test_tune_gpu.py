@@ -1,6 +1,6 @@
 """GPU tests of ``ctbuild tune`` (marked ``gpu``; the module is skipped without a CUDA GPU).
 
-The cache is built in-process (`ctbuild.compile_pool.CompilePool` running `compile_job`), as the GPU
+The cache is built in-process (`ctbuild.build.compile_pool.CompilePool` running `compile_job`), as the GPU
 machines have no Ray. Set CTBUILD_TEST_OUT=DIR to keep the JSON/HTML results there.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, ROOT, cuda_available, run_cli
 
 if not cuda_available():
@@ -42,10 +41,10 @@ def examples_cache(tmp_path_factory):
     """Every example candidate for this GPU's arch, compiled in-process into a fresh Store."""
     from cache import Store
     from ctbuild.arch import Arch
-    from ctbuild.config import load_project
-    from ctbuild.plan import make_plan
+    from ctbuild.build.compile_pool import CompilePool
+    from ctbuild.build.plan import make_plan
+    from ctbuild.project import load_project
     from ctbuild.toolchain import probe
-    from ctbuild.compile_pool import CompilePool
     path = tmp_path_factory.mktemp("examples-cache")
     store = Store(path)
     project = load_project(EXAMPLES / "ctbuild.toml")
@@ -77,7 +76,7 @@ def examples_tuned(examples_cache):
 
 def test_examples_tuned_from_cache_with_no_compiles(examples_tuned, examples_cache):
     from cache import Store
-    from ctbuild.config import load_project
+    from ctbuild.project import load_project
     out = examples_tuned
     assert out["compiles_during_measurement"] == 0
     assert out["failed"] == 0 and out["tuned"] == len(out["entries"])
@@ -137,11 +136,12 @@ def test_matmul_winner_matches_exhaustive_search(examples_tuned, tmp_path):
 def test_rope_inplace_tensors_equal_one_clean_run(examples_cache):
     """Online tuning on the caller's tensors: Q ends bit-for-bit as after one clean launch."""
     import cuda.tile as ct
+
     from cache import Store
-    from ctbuild.served import CubinSource, ServedKernel
+    from ctbuild.serve.served_kernel import CubinSource, ServedKernel
     from ctbuild.space import Config
-    from ctbuild.tuning import toolchain_for, tune_workload
-    from ctbuild.workload_inputs import make_inputs
+    from ctbuild.tune.inputs import make_inputs
+    from ctbuild.tune.tuner import toolchain_for, tune_workload
     sys.path.insert(0, str(EXAMPLES))
     from demo_kernels.rope import rope_inplace
     store = Store(examples_cache)

@@ -2,13 +2,13 @@
 
 The `cache` package knows nothing of ctbuild's config files, so this wrapper tells it the
 cache_dir of the project config found in the current directory, if any. It also adds
-``verify --identity``, which needs the project's kernels and cuTile (see `ctbuild.identity`).
+``verify --identity``, which needs the project's kernels and cuTile (see `ctbuild.build.identity`).
 """
 from __future__ import annotations
 
 import argparse
 
-from ..config import ConfigError, load_project
+from ..project import ConfigError, load_project
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:

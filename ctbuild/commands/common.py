@@ -7,8 +7,8 @@ import math
 import sys
 from typing import Any, Callable
 
-from ..config import ConfigError, Project, load_project
 from ..declare import DeclarationError
+from ..project import ConfigError, Project, load_project
 from ..toolchain import ToolchainError
 
 #: Exit code for bad input (declarations, config, flags), as argparse uses.

@@ -7,9 +7,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, load_project
-from ..toolchain import (ToolchainError, cuda_home_problem, cutile_version, find_tileiras,
-                         probe, select_recorded, stripped_env_vars)
+from ..project import ConfigError, load_project
+from ..toolchain import (
+    ToolchainError,
+    cuda_home_problem,
+    cutile_version,
+    find_tileiras,
+    probe,
+    select_recorded,
+    stripped_env_vars,
+)
 from .common import print_json
 
 EPILOG = """\

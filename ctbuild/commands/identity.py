@@ -25,7 +25,8 @@ def add_identity_args(cache_parser: argparse.ArgumentParser) -> None:
 def run_identity(args: argparse.Namespace) -> int:
     from cache import Store
     from cache.cli import cache_dir
-    from ..identity import verify_identity
+
+    from ..build.identity import verify_identity
 
     project = project_from_args(args)
     args.config_cache_dir = str(project.cache_dir)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..coverage import summary_lines
-from ..plan import make_plan
+from ..build.coverage import summary_lines
+from ..build.plan import make_plan
 from ..specs import describe
 from ..toolchain import ToolchainError, probe
 from .common import add_project_args, guarded, print_json, project_from_args

@@ -19,10 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
-from ..config import ConfigError
+from ..project import ConfigError
 from ..specs import Workload, spec_from_json
-from .common import (add_project_args, fail, guarded, positive_int, positive_seconds,
-                     print_json, project_from_args)
+from .common import (
+    add_project_args,
+    fail,
+    guarded,
+    positive_int,
+    positive_seconds,
+    print_json,
+    project_from_args,
+)
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -151,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     if report is not None and (not report.parent.is_dir() or report.is_dir()):
         return fail(f"--report {args.report}: " + ("is a directory" if report.is_dir() else
                                                    f"directory {report.parent} does not exist"))
-    from ..buildworker import STRIPPED_ENV
+    from ..build.worker_setup import STRIPPED_ENV
     dropped = [k for k in STRIPPED_ENV if os.environ.pop(k, None) is not None]
 
     project = project_from_args(args)
@@ -193,8 +200,8 @@ def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
            extra: dict[str, list[Workload]], record_archs: list[Arch], farm: Any, stream: Any,
            out: Any, report: Path | None, started: float) -> int:
     """Probe, plan, compile on ``farm``; the summary goes to ``out`` (the real stdout)."""
-    from ..job_estimates import estimator
-    from ..plan import make_plan
+    from ..build.job_estimates import estimator
+    from ..build.plan import make_plan
     from ..toolchain import probe, record_in
     archs = list(project.archs) + [a for a in record_archs if a not in project.archs]
     toolchain = probe()
@@ -229,7 +236,7 @@ def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
                  "config": r["config"], "error_type": r["error_type"],
                  "error": result.records[i].first_error_line}
                 for i, r in enumerate(rows) if r["status"] == "failed"]
-    from ..progress import kernel_summary, render_summary
+    from ..build.progress import kernel_summary, render_summary
     summary: dict[str, Any] = {
         "jobs": len(rows), "compiled": result.count("compiled"),
         "cached": result.count("cached"), "failed": result.count("failed"),
@@ -265,7 +272,7 @@ def _make_farm(args: argparse.Namespace, project: Any) -> Any:
     from farm import Farm, FarmError, FarmOptions
     from farm.cluster import module_paths, resolve_address
 
-    from ..buildworker import STRIPPED_ENV
+    from ..build.worker_setup import STRIPPED_ENV
 
     address = resolve_address(args.address)
     paths = [str(p) for p in project.paths]
@@ -278,11 +285,11 @@ def _make_farm(args: argparse.Namespace, project: Any) -> Any:
             raise ConfigError(str(exc)) from None
     options = FarmOptions(
         workers=args.workers, address=address, compile_timeout=args.compile_timeout,
-        setup_fn="ctbuild.buildworker:warm_worker",
+        setup_fn="ctbuild.build.worker_setup:warm_worker",
         setup_args=(list(project.modules), paths if address is None else []),
         sys_paths=paths, ship=ship, fatal_errors=("CompileMismatchError",),
         strip_env=STRIPPED_ENV)
-    return Farm(project.cache_dir, "ctbuild.compiler:compile_job", options)
+    return Farm(project.cache_dir, "ctbuild.build.compiler:compile_job", options)
 
 
 def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
@@ -290,7 +297,7 @@ def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
     """Run the jobs on the farm with a progress display; (result, None) or (None, error)."""
     from farm import FarmError
 
-    from ..progress import Progress
+    from ..build.progress import Progress
 
     progress = Progress(len(jobs), stream)
 

@@ -7,8 +7,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import (add_project_args, fail, guarded, positive_int, positive_seconds,
-                     print_json, project_from_args)
+from .common import (
+    add_project_args,
+    fail,
+    guarded,
+    positive_int,
+    positive_seconds,
+    print_json,
+    project_from_args,
+)
 
 EPILOG = """\
 examples:
@@ -70,9 +77,10 @@ def _line(s: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from cache import Store
-    from ..recorded import recorded_workloads
-    from ..tune_session import TuneOptions, entries_for, run_isolated, tune_entries
-    from ..tuning import current_device, toolchain_for
+
+    from ..tune.recorded import recorded_workloads
+    from ..tune.session import TuneOptions, entries_for, run_isolated, tune_entries
+    from ..tune.tuner import current_device, toolchain_for
 
     project = project_from_args(args)
     kernels = project.kernels()
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         "entries": summaries,
     }
     if args.report:
-        from ..tune_report import write_report
+        from ..tune.report import write_report
         html_path, json_path = write_report(Path(args.report), out)
         if not quiet:
             print(f"report: {html_path} (data: {json_path})")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .specs import Scalar, Tensor, Workload, dtype_name
+from ..specs import Scalar, Tensor, Workload, dtype_name
 
 #: Largest base-pointer alignment a spec records (a fresh CUDA allocation is 256-aligned).
 MAX_ALIGN = 256

@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .arch import Arch
-from .declare import DEFAULT_CAP, DeclarationError, TunedKernel
-from .device_table import nominal_device
-from .dims import dynamic_positions
-from .keys import kernel_compile_key
-from .signature import derive_signature
-from .signature_classes import (
+from ..arch import Arch
+from ..declare import DEFAULT_CAP, DeclarationError, TunedKernel
+from ..device_table import nominal_device
+from ..dims import dynamic_positions
+from ..keys import kernel_compile_key
+from ..signature import derive_signature
+from ..signature_classes import (
     CLASSES,
     EXACT,
     EXACT_WEAKENING,
@@ -24,9 +24,9 @@ from .signature_classes import (
     param_dynamics,
     weaken,
 )
-from .space import Config, UnknownAxisError
-from .specs import Workload, describe, spec_to_json
-from .user_code import where
+from ..space import Config, UnknownAxisError
+from ..specs import Workload, describe, spec_to_json
+from ..user_code import where
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import cuda.tile as ct
 
-from .keys import kernel_compile_key
-from .signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weaken
-from .space import Config
+from ..keys import kernel_compile_key
+from ..signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weaken
+from ..space import Config
 
 log = logging.getLogger("ctbuild")
 

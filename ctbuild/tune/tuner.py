@@ -11,8 +11,8 @@ The public entry points:
   before every sample, accumulators (``reset_to_zero=``) zeroed; afterwards the caller's tensors
   are as after ONE launch of the winner on the original inputs. The record is written to the
   store (unless ``write=False``) and returned.
-The CLI's loop over kernels x workloads lives in `ctbuild.tune_session`, the
-``--compile-missing`` pool in `ctbuild.compile_pool`.
+The CLI's loop over kernels x workloads lives in `ctbuild.tune.session`, the
+``--compile-missing`` pool in `ctbuild.build.compile_pool`.
 """
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from .arch import Arch
-from .compile_pool import CompilePool
-from .declare import DEFAULT_CAP, TunedKernel
-from .device_table import cuda_device, nominal_device
-from .keys import kernel_record_key
-from .plan import job_for
-from .space import Config
-from .specs import Workload, spec_to_json
-from .workload_inputs import has_specs, make_inputs, specs_of
+from ..arch import Arch
+from ..build.compile_pool import CompilePool
+from ..build.plan import job_for
+from ..declare import DEFAULT_CAP, TunedKernel
+from ..device_table import cuda_device, nominal_device
+from ..keys import kernel_record_key
+from ..space import Config
+from ..specs import Workload, spec_to_json
+from .inputs import has_specs, make_inputs, specs_of
 
 log = logging.getLogger("ctbuild")
 
@@ -79,7 +79,7 @@ def driver_version() -> str:
 
 def toolchain_for(store: Any) -> str:
     """The build's toolchain fingerprint recorded in the cache, else the local compiler's."""
-    from .toolchain import probe, select_recorded
+    from ..toolchain import probe, select_recorded
     fp = select_recorded(store.toolchains())
     return fp if fp else probe().fingerprint
 
@@ -102,7 +102,8 @@ class CompileCounter:
     @contextlib.contextmanager
     def active(self) -> Iterator["CompileCounter"]:
         import cuda.tile._compile as cc
-        from .served import STATS
+
+        from ..serve.served_kernel import STATS
         original = cc.compile_tile
 
         def counting(*args: Any, **kwargs: Any) -> Any:
@@ -184,9 +185,10 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
     Returns the record (see the module doc); ``record["config"]`` is None when no candidate
     could be measured, and such a record is not written.
     """
-    import torch
     import cuda.tile as ct
-    from .served import CubinSource, ServedKernel
+    import torch
+
+    from ..serve.served_kernel import CubinSource, ServedKernel
 
     started = time.perf_counter()
     device = device or current_device()

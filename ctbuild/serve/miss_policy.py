@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .specs import spec_to_json
+from ..specs import spec_to_json
 
 log = logging.getLogger("ctbuild.runtime")
 

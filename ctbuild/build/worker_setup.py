@@ -26,7 +26,7 @@ def warm_worker(modules: list[str], paths: list[str]) -> dict[str, Any]:
             sys.path.insert(0, path)
     for name in modules:
         importlib.import_module(name)
-    from .toolchain import probe
+    from ..toolchain import probe
     toolchain = probe()
     return {"toolchain": toolchain.fingerprint, "cuda_tile": toolchain.profile["cuda_tile"],
             "tileiras": toolchain.paths["tileiras"],

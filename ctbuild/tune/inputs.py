@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .specs import DTYPE_BITS, Scalar, Tensor, Workload, dtype_name
+from ..specs import DTYPE_BITS, Scalar, Tensor, Workload, dtype_name
 
 #: torch dtype attribute per cuTile dtype name.
 _TORCH_DTYPES = {"bool": "bool", "uint8": "uint8", "int8": "int8", "uint16": "uint16",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dims import concretize, dims_of
-from .signature_classes import CLASSES
+from ..dims import concretize, dims_of
+from ..signature_classes import CLASSES
 
 
 def derived_constants(kernel: Any) -> list[dict[str, Any]]:

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .arch import Arch
-from .compile_pool import CompilePool
-from .declare import DEFAULT_CAP, TunedKernel
-from .plan import job_for
+from ..arch import Arch
+from ..build.compile_pool import CompilePool
+from ..build.plan import job_for
+from ..declare import DEFAULT_CAP, TunedKernel
+from ..specs import Workload, describe
 from .recorded import recorded_workloads
-from .specs import Workload, describe
-from .tuning import Device, context_ok, current_device, record_key, toolchain_for, tune_workload
+from .tuner import Device, context_ok, current_device, record_key, toolchain_for, tune_workload
 
 log = logging.getLogger("ctbuild")
 
@@ -44,7 +44,7 @@ class Entry:
 def entries_for(kernels: Sequence[TunedKernel], only: Sequence[str] = (),
                 extra: Mapping[str, Sequence[Workload]] | None = None) -> list[Entry]:
     """Every declared workload (a dynamic one per bucket), then the ``extra`` ones (recorded
-    at run time, see `ctbuild.recorded`)."""
+    at run time, see `ctbuild.tune.recorded`)."""
     out = []
     for k in kernels:
         if only and k.name not in only:
@@ -177,7 +177,7 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
                     "opts": {**opts.__dict__}, "events": str(events_path)}
             spec_path = Path(tmp) / f"spec-{restarts}.json"
             spec_path.write_text(json.dumps(spec))
-            proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tune_session", str(spec_path)],
+            proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tune.session", str(spec_path)],
                                     stdout=sys.stderr)
             current: int | None = None
             last_cfg: dict[str, Any] | None = None
@@ -249,10 +249,11 @@ def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
 
 
 def _child(spec_path: str) -> int:
-    """The supervised tuning process (``python -m ctbuild.tune_session SPEC``)."""
+    """The supervised tuning process (``python -m ctbuild.tune.session SPEC``)."""
     spec = json.loads(Path(spec_path).read_text())
     from cache import Store
-    from .config import load_project
+
+    from ..project import load_project
     project = load_project(spec["config"], cache_dir=spec["cache"])
     kernels = project.kernels()
     store = Store(spec["cache"])

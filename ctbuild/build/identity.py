@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..declare import TunedKernel
+from ..signature_classes import Weakening
+from ..space import Config
+from ..specs import Workload, spec_from_json
 from .compiler import tileir
-from .declare import TunedKernel
 from .plan import job_and_signature
-from .signature_classes import Weakening
-from .space import Config
-from .specs import Workload, spec_from_json
 
 
 @dataclass

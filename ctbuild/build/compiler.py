@@ -21,9 +21,9 @@ from typing import Any
 
 import xxhash
 
-from .declare import registered
-from .specs import Workload, spec_from_json
-from .space import Config
+from ..declare import registered
+from ..space import Config
+from ..specs import Workload, spec_from_json
 
 
 class CompileMismatchError(RuntimeError):
@@ -65,7 +65,8 @@ def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
     check of the kernel fingerprint: equal fingerprints must give equal bytecode."""
     from cuda.tile._compile import _compiler_lock, _get_bytecode, _IrKeeper
     from cuda.tile._passes.ast2hir import HirMode, get_function_hir
-    from .toolchain import compile_environment
+
+    from ..toolchain import compile_environment
 
     ann = kernel.kernel._annotated_function
     signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
@@ -83,9 +84,10 @@ def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
 
 def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) -> bytes:
     """Compile front-end output to a CUBIN with tileiras, in the cleaned compile env."""
-    from cuda.tile._compile import _compiler_lock, compile_cubin
     from cuda.tile import TileCompilerExecutionError
-    from .toolchain import TOOLKIT_ENV_VARS, compile_environment
+    from cuda.tile._compile import _compiler_lock, compile_cubin
+
+    from ..toolchain import TOOLKIT_ENV_VARS, compile_environment
 
     with _compiler_lock, compile_environment(), tempfile.TemporaryDirectory(
             prefix="ctbuild-") as tmp:
@@ -107,9 +109,9 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
     """Compile ``job`` (a `CompileJob` as JSON): cubin, symbol, seconds, and the entry's
     ``meta`` (kernel, arch, config...: what ``ctbuild cache ls/rm/export`` select on, and
     ``tileir``: the digest of the anonymized TileIR bytecode the CUBIN was built from)."""
+    from ..signature_classes import Weakening
+    from ..toolchain import probe
     from .plan import job_and_signature
-    from .signature_classes import Weakening
-    from .toolchain import probe
 
     kernel = find_kernel(job["module"], job["kernel"])
     cfg = Config(job["config"], kernel.name)

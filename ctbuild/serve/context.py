@@ -12,11 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .arch import Arch
-from .miss_policy import (CacheMissError, MissLog, RuntimeConfigError, Settings, cubin_miss_message,
-                          note_damage, parse_mode)
-from .served import STATS, CubinSource, ServedKernel
-from .space import Config
+from ..arch import Arch
+from ..space import Config
+from .miss_policy import (
+    CacheMissError,
+    MissLog,
+    RuntimeConfigError,
+    Settings,
+    cubin_miss_message,
+    note_damage,
+    parse_mode,
+)
+from .served_kernel import STATS, CubinSource, ServedKernel
 
 log = logging.getLogger("ctbuild.runtime")
 
@@ -73,7 +80,7 @@ class RuntimeContext:
         strict mode refuses to serve with one message."""
         if self.store is None:
             return None
-        from .toolchain import ToolchainError, select_recorded
+        from ..toolchain import ToolchainError, select_recorded
         try:
             fp = select_recorded(self.store.toolchains())
         except ToolchainError as exc:
@@ -137,7 +144,7 @@ class RuntimeContext:
 
     def local_toolchain(self) -> str | None:
         if self._local_fp is False:
-            from .toolchain import ToolchainError, probe
+            from ..toolchain import ToolchainError, probe
             try:
                 self._local_fp = probe().fingerprint
             except (ToolchainError, OSError) as exc:
@@ -205,7 +212,7 @@ def reset() -> None:
 
 def _install(ctx: RuntimeContext | None) -> Any:
     global _CONTEXT
-    from .declare import registered
+    from ..declare import registered
     with _CONTEXT_LOCK:
         _CONTEXT = ctx
         for k in registered():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from .specs import Workload, spec_from_json
+from ..specs import Workload, spec_from_json
 
 
 def recorded_workloads(store: Any, kernels: Sequence[Any], arch: str) -> dict[str, list[Workload]]:
