@@ -1,0 +1,173 @@
+"""The import rules of docs/architecture.md, checked on the source and in a fresh interpreter.
+
+- ``farm`` and ``cache`` never import ``ctbuild``; ``cache`` never imports ``farm``.
+- ``ctbuild.build`` (CPU only) imports neither ``ctbuild.tune`` nor ``ctbuild.serve``.
+- ``ctbuild.serve`` imports neither ``ctbuild.build``, ``ctbuild.tune``, Ray nor the farm, except
+  the lazy imports in ALLOWED_LAZY.
+- The core (the modules at the top of ``ctbuild/``) imports no phase at module level, and
+  inside functions only as ALLOWED_LAZY says.
+- The serve path: ``import ctbuild`` + resolving and calling a kernel, in a fresh process, loads
+  none of ``ctbuild.build``, ``ctbuild.tune``, ``ray``, ``farm``.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("ctbuild.build", "ctbuild.tune", "ctbuild.serve")
+#: Modules at the top of ctbuild/ that are not core: the CLI entry points and the public
+#: ``ctbuild.runtime`` name (a re-export of ctbuild.serve).
+NOT_CORE = {"ctbuild", "ctbuild.__main__", "ctbuild.cli", "ctbuild.runtime"}
+#: (importer, imported) pairs allowed inside a function only, each for one reason.
+ALLOWED_LAZY = {
+    # CTBUILD_MODE=tune: a miss tunes online with the `ctbuild tune` engine
+    ("ctbuild.serve.kernel_runtime", "ctbuild.tune.tuner"),
+    # a declared kernel creates its runtime on its first call
+    ("ctbuild.declare", "ctbuild.serve.kernel_runtime"),
+    # imported before a project's paths can shadow it (a project module named `build`...)
+    ("ctbuild.project", "ctbuild.build.compiler"),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    imported: str
+    line: int
+    lazy: bool  # inside a function (runs only when called)
+
+    def __str__(self) -> str:
+        where = "inside a function" if self.lazy else "at module level"
+        return f"{self.importer} imports {self.imported} {where} (line {self.line})"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[Import]:
+    """Every import of one file, relative ones resolved to absolute module names
+    (``from pkg import name`` also counts as importing ``pkg.name``, which may be a module)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    lazy_lines = {n.lineno for f in ast.walk(tree)
+                  if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [module] + [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [Import(name, t, node.lineno, node.lineno in lazy_lines) for t in targets]
+    return found
+
+
+def package_imports(package: str) -> list[Import]:
+    return [i for p in sorted((ROOT / package).rglob("*.py")) if "__pycache__" not in p.parts
+            for i in imports_of(p)]
+
+
+def under(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def allowed_lazy(i: Import) -> bool:
+    """A lazy import that ALLOWED_LAZY names (its module, a name in it, or its package)."""
+    return i.lazy and any(i.importer == importer and (under(i.imported, m) or under(m, i.imported))
+                          for importer, m in ALLOWED_LAZY)
+
+
+def test_the_scan_sees_imports() -> None:
+    """The scanner itself: it resolves relative imports and tells lazy from module level."""
+    found = {(i.imported, i.lazy) for i in imports_of(ROOT / "ctbuild" / "declare.py")}
+    assert ("ctbuild.space", False) in found
+    assert ("ctbuild.serve.kernel_runtime", True) in found
+    assert {"cache.store", "cache.errors"} <= {i.imported for i in package_imports("cache")}
+
+
+def test_farm_and_cache_never_import_ctbuild() -> None:
+    bad = [str(i) for pkg in ("farm", "cache") for i in package_imports(pkg)
+           if under(i.imported, "ctbuild")]
+    bad += [str(i) for i in package_imports("cache") if under(i.imported, "farm")]
+    assert bad == []
+
+
+def test_build_imports_no_other_phase() -> None:
+    bad = [str(i) for i in package_imports("ctbuild/build")
+           if under(i.imported, "ctbuild.tune", "ctbuild.serve")]
+    assert bad == []
+
+
+def test_serve_imports_neither_build_tune_ray_nor_farm() -> None:
+    bad = [str(i) for i in package_imports("ctbuild/serve")
+           if under(i.imported, "ctbuild.build", "ctbuild.tune", "ray", "farm")
+           and not allowed_lazy(i)]
+    assert bad == []
+
+
+def test_core_imports_phases_only_where_allowed() -> None:
+    core = [p for p in sorted((ROOT / "ctbuild").glob("*.py")) if module_name(p) not in NOT_CORE]
+    assert len(core) >= 8
+    bad = [str(i) for p in core for i in imports_of(p)
+           if under(i.imported, *PHASES, "ctbuild.commands", "ray", "farm")
+           and not allowed_lazy(i)]
+    assert bad == []
+
+
+SERVE_SCRIPT = r"""
+import json, sys
+sys.path[:0] = [{root!r}, {examples!r}]
+import ctbuild
+from ctbuild import runtime
+from demo_kernels.matmul import matmul
+from demo_kernels.rmsnorm import rmsnorm
+import torch
+a = torch.zeros(256, 256, dtype=torch.float16)
+x = torch.zeros(64, 512, dtype=torch.float16)
+w = torch.zeros(512, dtype=torch.float16)
+errors = []
+for mode in ("default", "strict"):
+    runtime.configure(mode=mode)
+    for kernel, args in ((matmul, (a, a.clone(), a.clone())), (rmsnorm, (x, w, x.clone(), 1e-6))):
+        try:
+            kernel.runtime.resolve(args, arch="sm_90", gpu="H100")
+        except runtime.CacheMissError as exc:
+            errors.append(type(exc).__name__)
+        try:
+            kernel(*args)  # host tensors: refused before launching, after the hot-path lookup
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+print(json.dumps({{"errors": errors, "modules": sorted(sys.modules)}}))
+"""
+
+
+def test_serve_path_loads_no_build_tune_ray_or_farm(tmp_path: Path) -> None:
+    script = SERVE_SCRIPT.format(root=str(ROOT), examples=str(ROOT / "examples"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "CTBUILD_CACHE_DIR": str(tmp_path / "cache"), "CTBUILD_RECORD": str(tmp_path / "rec")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "ctbuild.serve.kernel_runtime" in got["modules"]  # the path really ran
+    assert "CacheMissError" in got["errors"] and "KernelCallError" in got["errors"]
+    loaded = [m for m in got["modules"]
+              if under(m, "ctbuild.build", "ctbuild.tune", "ray", "farm")]
+    assert loaded == []
