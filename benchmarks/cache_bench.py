@@ -38,7 +38,8 @@ def main() -> None:
     keys = [f"{i:08d}-{rng.getrandbits(128):032x}" for i in range(args.entries)]
     total = sum(map(len, blobs))
     meta = {"kernel": "matmul", "kernel_fp": "f" * 32, "arch": "sm_90", "toolchain": "t" * 32,
-            "compile_seconds": 0.3, "config": {"tile_m": 128, "tile_n": 128, "num_stages": 3}, "workload": "m4096n4096k4096"}
+            "compile_seconds": 0.3, "config": {"tile_m": 128, "tile_n": 128, "num_stages": 3},
+            "workload": "m4096n4096k4096"}
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         store = Store(Path(tmp) / "cache")

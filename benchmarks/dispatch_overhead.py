@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 for p in (str(ROOT), str(ROOT / "tests"), str(ROOT / "examples")):
@@ -42,6 +43,29 @@ def per_call_us(fn, calls: int) -> float:
     return dt / calls * 1e6
 
 
+def launchers(tuned, a) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]]]:
+    """After one warm call of ``tuned(*a)``: the three ways to launch it (raw, call, launch), and
+    the host-only pieces of the call path, no launch (where the overhead goes)."""
+    import cuda.tile as ct
+    import torch
+    tuned(*a)
+    torch.cuda.synchronize()
+    entry = tuned.runtime._entries[-1]
+    grid, kernel, kargs = entry.grid, entry.kernel, entry.build(a)
+    stream = torch.cuda.current_stream()
+    variants = {
+        "raw": lambda: ct.launch(stream, grid, kernel, kargs),
+        "call": lambda: tuned(*a),
+        "launch": lambda: tuned.launch(stream, *a),
+    }
+    rt = tuned.runtime
+    parts = {
+        "key_lookup": lambda: rt._fast[rt._key(*a)],
+        "stream_lookup": lambda: rt._stream_of(0),
+    }
+    return variants, parts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", default=os.environ.get("CTBUILD_CACHE_DIR"))
@@ -51,10 +75,9 @@ def main() -> int:
     args = parser.parse_args()
     if not args.cache:
         parser.error("give --cache or CTBUILD_CACHE_DIR (a warm cache: benchmarks/warm_start.py)")
-    import cuda.tile as ct
+    import gpu_runtime_examples as ex
     import torch
 
-    import gpu_runtime_examples as ex
     from ctbuild import runtime
     runtime.configure(cache_dir=args.cache, mode="strict")
     out = {"device": torch.cuda.get_device_name(), "calls": args.calls, "rounds": args.rounds,
@@ -65,21 +88,7 @@ def main() -> int:
           f" {'call/raw':>9} {'key+dict':>9} {'stream':>7}")
     for name, tuned in ex.load_examples().items():
         a, _ = ex.gpu_case(tuned, 0)
-        tuned(*a)
-        torch.cuda.synchronize()
-        entry = tuned.runtime._entries[-1]
-        grid, kernel, kargs = entry.grid, entry.kernel, entry.build(a)
-        stream = torch.cuda.current_stream()
-        variants = {
-            "raw": lambda: ct.launch(stream, grid, kernel, kargs),
-            "call": lambda: tuned(*a),
-            "launch": lambda: tuned.launch(stream, *a),
-        }
-        rt = tuned.runtime
-        parts = {  # host-only pieces of the call path, no launch: where the overhead goes
-            "key_lookup": lambda: rt._fast[rt._key(*a)],
-            "stream_lookup": lambda: rt._stream_of(0),
-        }
+        variants, parts = launchers(tuned, a)
         part_us = {k: min(per_call_us(fn, 2000) for _ in range(5)) for k, fn in parts.items()}
         for fn in variants.values():  # warm-up
             per_call_us(fn, 20)

@@ -122,13 +122,13 @@ def cmd_cold(args: argparse.Namespace) -> int:
         calls0 = counter.calls
         t = time.perf_counter()
 
-        def args_fn(cfg, w=w, snaps=snaps):
+        def args_fn(cfg, w=w, snaps=snaps, tuned=tuned):
             for n, s in snaps.items():
                 w[n].copy_(s)
             return tuned.kernel_args(cfg, w)
 
         result = ct.tune.exhaustive_search(
-            cands, stream, lambda cfg, w=w: tuned.grid(cfg, w), tuned.kernel, args_fn,
+            cands, stream, lambda cfg, w=w, tuned=tuned: tuned.grid(cfg, w), tuned.kernel, args_fn,
             tuned.hints, quiet=True)
         best = result.best.config
         for n, s in snaps.items():

@@ -9,7 +9,8 @@ from .cli import add_cache_parser, run_cache_command
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m", description="ctbuild's kernel cache tools")  # usage: "python -m cache ..."
+    # prog "python -m" + the "cache" subcommand reads as usage: "python -m cache ...".
+    parser = argparse.ArgumentParser(prog="python -m", description="ctbuild's kernel cache tools")
     add_cache_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["cache", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(format="%(levelname)s: %(message)s")

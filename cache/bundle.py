@@ -48,13 +48,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
-
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
 from .errors import CacheError
 from .jsontext import dumps
 
 if TYPE_CHECKING:
-    from .namespace import Namespace
+    from .namespace import ByteStream, Namespace
     from .store import Store
 
 FORMAT = "ctbuild-cache-bundle"
@@ -109,7 +108,8 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
     digests = sorted({entry["digest"] for entry in compile_entries.values()})
     counts = {"compile_entries": len(compile_entries), "tuning_records": len(tuning),
               "toolchains": len(documents["toolchains.json"]), "blobs": len(digests)}
-    manifest = {"format": FORMAT, "version": VERSION, "archs": None if wanted is None else sorted(wanted), "counts": counts}
+    manifest = {"format": FORMAT, "version": VERSION, "archs": None if wanted is None else sorted(wanted),
+                "counts": counts}
 
     total = 0
     hashes: dict[str, str] = {}
@@ -119,14 +119,17 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
         _add(tar, name, data)
 
     with _output(file) as (out, compression):
-        with tarfile.open(fileobj=out, mode=f"w:{compression}", format=tarfile.PAX_FORMAT) as tar:
+        # typeshed types ``mode`` as a literal; this one is "w:" plus a suffix from COMPRESSION.
+        with tarfile.open(fileobj=out, mode=f"w:{compression}",  # type: ignore[call-overload]
+                          format=tarfile.PAX_FORMAT) as tar:
             add(tar, MANIFEST, dumps(manifest, what="manifest").encode())
             for name in DOCUMENTS:
                 add(tar, name, dumps(documents[name], what=name).encode())
             for digest in digests:
                 data = store.get_blob(digest)
                 if data is None:
-                    raise CacheError(f"blob {digest} vanished or went bad during export; run `ctbuild cache verify` and retry")
+                    raise CacheError(f"blob {digest} vanished or went bad during export; "
+                                     "run `ctbuild cache verify` and retry")
                 add(tar, f"blobs/{digest}", data)
                 total += len(data)
             if sign_key is not None:
@@ -152,17 +155,20 @@ def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_
                     if match is None:
                         continue
                     digest = match.group(1)
+                    extracted: ByteStream
                     if checked.sha256.get(member.name) is not None:
                         extracted = _Sha256Reader(_extract(tar, member))
                     else:
                         extracted = _extract(tar, member)
                     if store.put_blob_stream(digest, extracted):
                         added_blobs.append(digest)
-                        if isinstance(extracted, _Sha256Reader) and extracted.hexdigest() != checked.sha256[member.name]:
+                        if (isinstance(extracted, _Sha256Reader)
+                                and extracted.hexdigest() != checked.sha256[member.name]):
                             raise CacheError(f"{member.name} changed while being imported; re-run the import")
             ns = store.namespaces
             written = unchanged = 0
-            for namespace, name in ((ns.toolchains, "toolchains.json"), (ns.compile, "compile.json"), (ns.tuning, "tuning.json")):
+            for namespace, name in ((ns.toolchains, "toolchains.json"), (ns.compile, "compile.json"),
+                                    (ns.tuning, "tuning.json")):
                 for key, entry in checked.documents[name].items():
                     if _merge(store, namespace, key, entry, tag=entry["digest"] if namespace is ns.compile else None):
                         written += 1
@@ -241,13 +247,15 @@ def _validate(store: Store, stream: IO[bytes], *, require_key: bytes | None, max
                 raise CacheError(f"bundle member {member.name!r} appears twice; the bundle is malformed")
             seen.add(member.name)
             if signature is not None:
-                raise CacheError(f"bundle member {member.name!r} follows {SIGNATURE}, which must be last; nothing was imported")
+                raise CacheError(f"bundle member {member.name!r} follows {SIGNATURE}, which must be last; "
+                                 "nothing was imported")
             if member.size > max_member_size:
                 raise CacheError(f"bundle member {member.name} is {member.size / 2**20:.1f} MiB, above the "
                                  f"{max_member_size / 2**20:.0f} MiB limit (--max-member-size); refusing the bundle; "
                                  "nothing was imported")
             if index == 0 and member.name != MANIFEST:
-                raise CacheError(f"bundle does not start with {MANIFEST} (found {member.name!r}): not a ctbuild cache bundle")
+                raise CacheError(f"bundle does not start with {MANIFEST} (found {member.name!r}): "
+                                 "not a ctbuild cache bundle")
             if member.name == SIGNATURE:
                 signature = _read_json(tar, member)
                 continue
@@ -346,17 +354,21 @@ def _check_member(member: tarfile.TarInfo) -> None:
     name = member.name
     parts = name.split("/")
     if name.startswith("/") or "\\" in name or any(part in ("", ".", "..") for part in parts):
-        raise CacheError(f"bundle member {name!r} has an unsafe path (absolute, '..' or odd): refusing the bundle; nothing was imported")
+        raise CacheError(f"bundle member {name!r} has an unsafe path (absolute, '..' or odd): "
+                         "refusing the bundle; nothing was imported")
     if not member.isreg():
-        kind = "symlink" if member.issym() else "hard link" if member.islnk() else "directory" if member.isdir() else "device or special file"
-        raise CacheError(f"bundle member {name!r} is a {kind}; bundles hold regular files only: refusing it; nothing was imported")
+        kind = ("symlink" if member.issym() else "hard link" if member.islnk()
+                else "directory" if member.isdir() else "device or special file")
+        raise CacheError(f"bundle member {name!r} is a {kind}; bundles hold regular files only: "
+                         "refusing it; nothing was imported")
     if name not in (MANIFEST, SIGNATURE) and name not in DOCUMENTS and not BLOB_MEMBER.fullmatch(name):
         raise CacheError(f"bundle member {name!r} is not part of the bundle format v{VERSION}; nothing was imported")
 
 
 def _check_manifest(manifest: dict[str, Any]) -> None:
     if manifest.get("format") != FORMAT:
-        raise CacheError(f"{MANIFEST} says format {manifest.get('format')!r}, not {FORMAT!r}: not a ctbuild cache bundle")
+        raise CacheError(f"{MANIFEST} says format {manifest.get('format')!r}, not {FORMAT!r}: "
+                         "not a ctbuild cache bundle")
     if manifest.get("version") != VERSION:
         raise CacheError(f"bundle format version {manifest.get('version')!r} is not supported (this ctbuild reads "
                          f"version {VERSION}); import it with the ctbuild that exported it; nothing was imported")

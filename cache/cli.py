@@ -50,14 +50,16 @@ def parse_size(text: str) -> int:
     """Bytes from '2G', '512M', '1.5GiB', '1048576' (binary units: K = 1024)."""
     match = SIZE_RE.fullmatch(text)
     if match is None:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 2G, 512M)")
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 2G, 512M)")
     return int(float(match.group(1)) * UNITS[match.group(2).upper()])
 
 
 def parse_archs(text: str) -> list[str]:
     archs = [arch.strip() for arch in text.split(",")]
     if not all(archs):
-        raise argparse.ArgumentTypeError(f"invalid --arch {text!r}: give comma-separated archs with none empty, e.g. sm_90,sm_100")
+        raise argparse.ArgumentTypeError(
+            f"invalid --arch {text!r}: give comma-separated archs with none empty, e.g. sm_90,sm_100")
     return archs
 
 
@@ -69,7 +71,8 @@ def add_cache_parser(subparsers: Any) -> None:
     common.add_argument("--json", action="store_true", help="print the result as JSON")
     fmt = argparse.RawDescriptionHelpFormatter
 
-    cache = subparsers.add_parser("cache", help="inspect and maintain the kernel cache", epilog=EPILOG, formatter_class=fmt,
+    cache = subparsers.add_parser("cache", help="inspect and maintain the kernel cache", epilog=EPILOG,
+                                  formatter_class=fmt,
                                   description="Inspect and maintain the content-addressed kernel cache "
                                               "(CUBINs, compile entries, tuning records).")
     sub = cache.add_subparsers(dest="cache_command", metavar="COMMAND", required=True)
@@ -80,7 +83,8 @@ def add_cache_parser(subparsers: Any) -> None:
 
     ls = sub.add_parser("ls", parents=[common], help="list compile entries and tuning records",
                         description="List compile entries (kernel, arch, key prefix, CUBIN size, config, symbol) and "
-                                    "tuning records (kernel, arch, key prefix, winner's config and compile key prefix).")
+                                    "tuning records (kernel, arch, key prefix, winner's config and compile "
+                                    "key prefix).")
     ls.add_argument("--kernel", help="only this kernel")
     ls.add_argument("--arch", help="only this arch, e.g. sm_90")
 
@@ -98,7 +102,8 @@ def add_cache_parser(subparsers: Any) -> None:
                         description="Remove blobs no entry uses and files of interrupted writes, then (with a size "
                                     "limit) evict least-recently-used compile entries and their CUBINs until blob "
                                     "bytes fit. Tuned winners are kept unless --evict-tuned.")
-    gc.add_argument("--size-limit", type=parse_size, metavar="SIZE", help="target blob bytes, e.g. 2G, 500M (K/M/G/T = 1024^n)")
+    gc.add_argument("--size-limit", type=parse_size, metavar="SIZE",
+                    help="target blob bytes, e.g. 2G, 500M (K/M/G/T = 1024^n)")
     gc.add_argument("--evict-tuned", action="store_true",
                     help="also evict tuned winners (last), dropping the tuning records that name them")
     gc.add_argument("--orphan-grace", type=float, default=600.0, metavar="SECONDS",
@@ -107,7 +112,8 @@ def add_cache_parser(subparsers: Any) -> None:
     rm = sub.add_parser("rm", parents=[common], help="drop one kernel's entries",
                         epilog="example: ctbuild cache rm matmul --key 3f2a...", formatter_class=fmt,
                         description="Drop the compile entries and tuning records of KERNEL (or just the entry KEY). "
-                                    "Their CUBINs are reclaimed by the next `ctbuild cache gc`. Exit 1 if nothing matched.")
+                                    "Their CUBINs are reclaimed by the next `ctbuild cache gc`. Exit 1 if "
+                                    "nothing matched.")
     rm.add_argument("kernel", metavar="KERNEL", help="kernel name, as in `ctbuild cache ls`")
     rm.add_argument("--key", help="only this compile or tuning key (full key, see `ctbuild cache ls --json`)")
 
@@ -116,7 +122,8 @@ def add_cache_parser(subparsers: Any) -> None:
                             description="Write compile entries, tuning records, toolchain profiles and the CUBINs they "
                                         "need to a tar bundle (.tar, .tar.gz/.tgz or .tar.xz by suffix).")
     export.add_argument("file", metavar="FILE", type=Path, help="bundle to write (replaced atomically)")
-    export.add_argument("--arch", type=parse_archs, metavar="ARCHS", help="only these archs, comma-separated: sm_90,sm_100")
+    export.add_argument("--arch", type=parse_archs, metavar="ARCHS",
+                        help="only these archs, comma-separated: sm_90,sm_100")
     export.add_argument("--sign", type=Path, metavar="KEYFILE",
                         help="sign the bundle with the secret in KEYFILE (HMAC-SHA256 over every member; >= 16 bytes, "
                              "e.g. `head -c 32 /dev/urandom | base64 > KEYFILE`); keep KEYFILE out of images and logs")
@@ -127,7 +134,8 @@ def add_cache_parser(subparsers: Any) -> None:
                                 "every CUBIN's digest,\nthat every CUBIN is used by an entry, member sizes and free "
                                 "space. A bundle failing a check is refused\nwith nothing written. Digests detect "
                                 "damage, not intent: an unsigned bundle is trusted to be what its maker\nsays (anyone "
-                                "able to write it can map a kernel's keys to any CUBIN). With --require-signature only\n"
+                                "able to write it can map a kernel's keys to any CUBIN). With "
+                                "--require-signature only\n"
                                 "bundles exported with --sign and the same key, unchanged since, are accepted.")
     imp.add_argument("file", metavar="FILE", type=Path, help="bundle made by `ctbuild cache export`")
     imp.add_argument("--require-signature", type=Path, metavar="KEYFILE",
@@ -139,7 +147,8 @@ def add_cache_parser(subparsers: Any) -> None:
 
 def cache_dir(args: argparse.Namespace) -> Path:
     """--cache > $CTBUILD_CACHE_DIR > the project config (args.config_cache_dir) > ./.ctbuild-cache."""
-    return Path(args.cache_dir or os.environ.get("CTBUILD_CACHE_DIR") or getattr(args, "config_cache_dir", None) or DEFAULT_CACHE_DIR)
+    return Path(args.cache_dir or os.environ.get("CTBUILD_CACHE_DIR")
+                or getattr(args, "config_cache_dir", None) or DEFAULT_CACHE_DIR)
 
 
 def run_cache_command(args: argparse.Namespace) -> int:
@@ -188,17 +197,20 @@ def _stats(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
 
 def _ls(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     def wanted(entry: dict[str, Any]) -> bool:
-        return (args.kernel is None or entry.get("kernel") == args.kernel) and (args.arch is None or entry.get("arch") == args.arch)
+        return ((args.kernel is None or entry.get("kernel") == args.kernel)
+                and (args.arch is None or entry.get("arch") == args.arch))
 
-    compiles = [{"key": k, **{f: e.get(f) for f in ("kernel", "arch", "size", "config", "symbol", "digest", "created")}}
-                for k, e in store.compile_entries() if wanted(e)]
-    tunings = [{"key": k, **{f: r.get(f) for f in ("kernel", "arch", "config", "compile_key", "created")}}
-               for k, r in store.tuning_records() if wanted(r)]
+    compiles: list[dict[str, Any]] = [
+        {"key": k, **{f: e.get(f) for f in ("kernel", "arch", "size", "config", "symbol", "digest", "created")}}
+        for k, e in store.compile_entries() if wanted(e)]
+    tunings: list[dict[str, Any]] = [
+        {"key": k, **{f: r.get(f) for f in ("kernel", "arch", "config", "compile_key", "created")}}
+        for k, r in store.tuning_records() if wanted(r)]
     rows = [("KIND", "KERNEL", "ARCH", "KEY", "SIZE", "CONFIG", "SYMBOL / WINNER")]
     rows += [("compile", str(c["kernel"]), str(c["arch"]), c["key"][:16], _size(c["size"] or 0), _config(c["config"]),
               str(c["symbol"])) for c in compiles]
-    rows += [("tuning", str(t["kernel"]), str(t["arch"]), t["key"][:16], "", _config(t["config"]), t["compile_key"][:16])
-             for t in tunings]
+    rows += [("tuning", str(t["kernel"]), str(t["arch"]), t["key"][:16], "", _config(t["config"]),
+              t["compile_key"][:16]) for t in tunings]
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[6] for row in rows]
     lines.append(f"{len(compiles)} compile entries, {len(tunings)} tuning records")
@@ -216,13 +228,16 @@ def _verify(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     result = store.verify(repair=args.repair)
     checked = ", ".join(f"{n} {what}" for what, n in result["checked"].items())
     lines = [f"checked {checked}"]
-    lines += [f"  {p['kind']}: {p['namespace']} {p['key']}: {' / '.join(p['detail'].splitlines())}" for p in result["problems"]]
-    lines += [f"  rebuilt the {name} index: kept {r['kept']} entries" + (f", {r['lost_rows']} unusable rows dropped" if r["lost_rows"] else "")
+    lines += [f"  {p['kind']}: {p['namespace']} {p['key']}: {' / '.join(p['detail'].splitlines())}"
+              for p in result["problems"]]
+    lines += [f"  rebuilt the {name} index: kept {r['kept']} entries"
+              + (f", {r['lost_rows']} unusable rows dropped" if r["lost_rows"] else "")
               + "; the damaged file is in quarantine/" for name, r in result.get("rebuilt", {}).items()]
     if result["ok"]:
         lines.append("ok")
     elif args.repair:
-        lines.append(f"{len(result['problems'])} problem(s); repaired {result['repaired']}: re-run precompile to rebuild")
+        lines.append(f"{len(result['problems'])} problem(s); repaired {result['repaired']}: "
+                     "re-run precompile to rebuild")
     else:
         lines.append(f"{len(result['problems'])} problem(s): `ctbuild cache verify --repair` removes them")
     return result, "\n".join(lines), 0 if result["ok"] else 1
@@ -231,10 +246,12 @@ def _verify(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
 def _gc(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     r = store.gc(size_limit=args.size_limit, evict_tuned=args.evict_tuned, orphan_grace_s=args.orphan_grace)
     text = (f"removed {r['orphan_blobs_removed']} orphan blobs, {r['stray_files_removed']} stray files; "
-            f"evicted {r['evicted_entries']} entries ({r['evicted_blobs']} blobs, {r['dropped_tuning_records']} tuning records); "
+            f"evicted {r['evicted_entries']} entries ({r['evicted_blobs']} blobs, "
+            f"{r['dropped_tuning_records']} tuning records); "
             f"{_size(r['bytes_before'])} -> {_size(r['bytes_after'])}")
     if not r["limit_met"]:
-        text += f"\nstill above the limit {_size(r['size_limit'])}: the rest are tuned winners (--evict-tuned evicts them too)"
+        text += (f"\nstill above the limit {_size(r['size_limit'])}: the rest are tuned winners "
+                 "(--evict-tuned evicts them too)")
     return r, text, 0
 
 
@@ -250,7 +267,8 @@ def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     key = read_key(args.sign) if args.sign else None
     r = store.export_bundle(args.file, archs=args.arch, sign_key=key)
     text = (f"wrote {args.file}: {r['compile_entries']} compile entries, {r['tuning_records']} tuning records, "
-            f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])}){', signed' if r['signed'] else ''}")
+            f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])})"
+            f"{', signed' if r['signed'] else ''}")
     if r["skipped"]:
         text += f"\nskipped {len(r['skipped'])} entries whose CUBIN is missing or corrupt (see `ctbuild cache verify`)"
     return r, text, 0
@@ -267,7 +285,7 @@ def _import(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
 COMMANDS = {"stats": _stats, "ls": _ls, "verify": _verify, "gc": _gc, "rm": _rm, "export": _export, "import": _import}
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -49,17 +49,18 @@ def collect(store: Store, *, size_limit: int | None, evict_tuned: bool, orphan_g
         winners: dict[str, list[str]] = {}
         for tuning_key, record in store.tuning_records():
             winners.setdefault(record["compile_key"], []).append(tuning_key)
-        lru = sorted((row for row in ns.compile.rows() if row.key is not None), key=lambda row: row.access_time)
-        order = [row for row in lru if row.key not in winners]
+        keyed = [(row.key, row) for row in ns.compile.rows() if row.key is not None]
+        lru = sorted(keyed, key=lambda pair: pair[1].access_time)
+        order = [(key, row) for key, row in lru if key not in winners]
         if evict_tuned:
-            order += [row for row in lru if row.key in winners]
-        for row in order:
+            order += [(key, row) for key, row in lru if key in winners]
+        for key, row in order:
             if total <= size_limit:
                 break
-            if not ns.compile.delete(row.key):
+            if not ns.compile.delete(key):
                 continue
             evicted += 1
-            for tuning_key in winners.get(row.key, ()):
+            for tuning_key in winners.get(key, ()):
                 dropped_tuning += ns.tuning.delete(tuning_key)
             if row.tag and not ns.compile.is_tagged(row.tag) and ns.blobs.delete(row.tag):
                 evicted_blobs += 1

@@ -29,7 +29,7 @@ from .digest import digest_of, is_digest
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
 from .errors import CacheError, DamagedCacheError, UnsafeValueError
 from .layout import QUARANTINE_DIR
-from .namespace import Namespace
+from .namespace import Namespace, RowInfo
 
 if TYPE_CHECKING:
     from .store import Store
@@ -59,7 +59,7 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
         else:
             unreadable.add(name)
 
-    def rows(namespace: Namespace) -> list:
+    def rows(namespace: Namespace) -> list[RowInfo]:
         if namespace.directory.name in unreadable:
             return []
         try:
@@ -90,6 +90,7 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
             if why is not None:
                 report("bad_entry", namespace, info.key, why)
                 continue
+            assert isinstance(value, str)  # entry_problem refuses anything but JSON text
             good[info.key] = (json.loads(value), value, info.tag)
         return good
 
@@ -115,7 +116,7 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
             problems.append({"kind": "corrupt_blob", "namespace": "blobs", "key": info.key,
                              "detail": f"{len(data)} bytes do not hash to their digest"})
             if repair:
-                store.quarantine_blob(info.key, data if type(data) is bytes else data.encode())
+                store.quarantine_blob(info.key, data.encode() if isinstance(data, str) else data)
                 repaired += 1
             continue
         good_blobs.add(info.key)
@@ -124,9 +125,11 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
     for key, (entry, text, tag) in entries.items():
         digest = entry["digest"]
         if digest in corrupt_blobs or (digest not in good_blobs and store.get_blob(digest) is None):
-            report("missing_blob", ns.compile, key, f"blob {digest} is {'corrupt' if digest in corrupt_blobs else 'missing'}")
+            state = "corrupt" if digest in corrupt_blobs else "missing"
+            report("missing_blob", ns.compile, key, f"blob {digest} is {state}")
         elif tag != digest:
-            problems.append({"kind": "bad_tag", "namespace": "compile", "key": key, "detail": f"tag {tag!r} != digest {digest}"})
+            problems.append({"kind": "bad_tag", "namespace": "compile", "key": key,
+                             "detail": f"tag {tag!r} != digest {digest}"})
             if repair:
                 ns.compile.set(key, text, tag=digest)
                 repaired += 1
@@ -169,7 +172,7 @@ def rebuild_index(store: Store, namespace: Namespace) -> dict[str, int]:
             kept += namespace.add(digest_of(data), data)
         lost = max(len(rows) - kept, 0)
     else:
-        for key, raw, tag, mode, filename, value in rows:
+        for key, raw, tag, mode, _filename, value in rows:
             if raw == 1 and type(key) is str and mode == MODE_RAW and type(value) is str:
                 namespace.set(key, value, tag=tag)
                 kept += 1

@@ -55,7 +55,8 @@ def check_layout(root: Path, *, readonly: bool) -> None:
         return
     except (OSError, ValueError) as exc:
         raise CacheError(f"{marker} is unreadable ({exc}); is {root} a ctbuild cache?") from None
-    if not isinstance(found, dict) or found.get("format") != LAYOUT["format"] or found.get("version") != LAYOUT["version"]:
+    if (not isinstance(found, dict) or found.get("format") != LAYOUT["format"]
+            or found.get("version") != LAYOUT["version"]):
         raise CacheError(
             f"{root} holds cache layout {found!r}; this ctbuild reads {LAYOUT!r}. "
             "Use the ctbuild version that wrote it, or point --cache / CTBUILD_CACHE_DIR at a fresh directory."

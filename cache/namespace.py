@@ -24,10 +24,10 @@ import os
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import Iterator, Protocol
 
 import diskcache
 from diskcache.core import DBNAME
@@ -38,6 +38,12 @@ from .safe_disk import SafeDisk
 INLINE_LIMIT = 2**30  # JSON values stay inside their SQLite row: one row = one whole entry.
 READ_TIMEOUT_S = 5.0  # busy wait of our connection (WAL readers rarely wait; access-time updates may).
 WRITE_TIMEOUT_S = 60.0
+
+
+class ByteStream(Protocol):
+    """What a streamed value is read from: a binary file, or a wrapper hashing what passes."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,8 @@ class Namespace:
             raise ReadOnlyCacheError(f"{self.directory} is read-only")
         with self._lock:
             if self._writer is None:
-                self._writer = diskcache.Cache(str(self.directory), timeout=WRITE_TIMEOUT_S, disk=SafeDisk, **self._settings)
+                self._writer = diskcache.Cache(str(self.directory), timeout=WRITE_TIMEOUT_S, disk=SafeDisk,
+                                               **self._settings)
             return self._writer
 
     def _con(self) -> sqlite3.Connection | None:
@@ -110,7 +117,8 @@ class Namespace:
             return None
         try:
             con = sqlite3.connect(
-                f"{self._db.as_uri()}?{mode}", uri=True, timeout=READ_TIMEOUT_S, isolation_level=None, check_same_thread=False
+                f"{self._db.as_uri()}?{mode}", uri=True, timeout=READ_TIMEOUT_S, isolation_level=None,
+                check_same_thread=False,
             )
             if not self.readonly:
                 con.execute("PRAGMA synchronous = NORMAL")  # as diskcache's writers: WAL commits without fsync
@@ -205,7 +213,8 @@ class Namespace:
         if not rows:
             return None
         try:
-            return self._disk.fetch(*rows[0], False)
+            mode, filename, value = rows[0]
+            return self._disk.fetch(mode, filename, value, False)
         except OSError:
             return None
 
@@ -265,7 +274,7 @@ class Namespace:
         with self._writing():
             return self._cache().add(key, value, retry=True)
 
-    def add_stream(self, key: str, stream: IO[bytes]) -> bool:
+    def add_stream(self, key: str, stream: ByteStream) -> bool:
         """Like :meth:`add` for a value read from ``stream`` in chunks (never whole in memory)."""
         with self._writing():
             return self._cache().add(key, stream, read=True, retry=True)
@@ -281,9 +290,11 @@ class Namespace:
             yield
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
-                raise CacheError(f"cannot write {self._db}: {exc} (another writer held it for {WRITE_TIMEOUT_S:.0f} s)") from None
+                raise CacheError(f"cannot write {self._db}: {exc} "
+                                 f"(another writer held it for {WRITE_TIMEOUT_S:.0f} s)") from None
             if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
-                raise CacheError(f"cannot write {self._db}: {exc}; free space and retry (the cache is intact)") from None
+                raise CacheError(f"cannot write {self._db}: {exc}; "
+                                 "free space and retry (the cache is intact)") from None
             raise DamagedCacheError(f"cannot write {self._db}: {exc}; run `ctbuild cache verify --repair --cache "
                                     f"{self.directory.parent}`") from None
 

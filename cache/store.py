@@ -29,7 +29,7 @@ from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
 from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError, UnsafeValueError
 from .jsontext import dumps, loads_object
 from .layout import QUARANTINE_DIR, Namespaces, check_layout, open_namespaces
-from .namespace import Namespace, RowInfo
+from .namespace import ByteStream, Namespace, RowInfo
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -142,7 +142,7 @@ class Store:
         """Whether a blob row exists for ``digest`` (an index lookup; the bytes are not checked)."""
         return self._index(lambda: self._ns.blobs.contains(digest), False)
 
-    def put_blob_stream(self, digest: str, stream: IO[bytes]) -> bool:
+    def put_blob_stream(self, digest: str, stream: ByteStream) -> bool:
         """Store the bytes read from ``stream`` under ``digest`` in chunks; True if added.
 
         The bytes are hashed as they are copied: if they do not match ``digest`` the blob is removed
@@ -230,7 +230,8 @@ class Store:
         cubin = self.get_blob(entry["digest"])
         if cubin is None:
             self._report_once(
-                ("missing", key), "cache %s: compile entry %s names blob %s, which is missing or bad; treated as a miss",
+                ("missing", key),
+                "cache %s: compile entry %s names blob %s, which is missing or bad; treated as a miss",
                 key, entry["digest"],
             )
             return None
@@ -243,7 +244,8 @@ class Store:
         Each blob is re-hashed the first time this process asks about it (then remembered), so a
         build skips only keys whose CUBIN verifies; a corrupt blob is quarantined and reads as a miss.
         """
-        exists, digest = self._index(lambda: self._ns.compile.tag_of(key), (False, None))
+        absent: tuple[bool, str | None] = (False, None)
+        exists, digest = self._index(lambda: self._ns.compile.tag_of(key), absent)
         if not exists or digest is None:
             return False
         if digest in self._verified_blobs:
@@ -341,7 +343,8 @@ class Store:
             self._require_writable("repair")
         return integrity.verify(self, repair=repair)
 
-    def gc(self, *, size_limit: int | None = None, evict_tuned: bool = False, orphan_grace_s: float = eviction.ORPHAN_GRACE_S) -> dict[str, Any]:
+    def gc(self, *, size_limit: int | None = None, evict_tuned: bool = False,
+           orphan_grace_s: float = eviction.ORPHAN_GRACE_S) -> dict[str, Any]:
         """Drop orphans, then evict LRU compile entries down to ``size_limit`` (default: the store's);
         see :func:`cache.eviction.collect`."""
         self._require_writable("garbage-collect")
@@ -414,7 +417,8 @@ class Store:
         return loads_object(value)  # type: ignore[arg-type]  # entry_problem checked it is JSON text
 
     def _entries(self, ns: Namespace, required: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-        for info in self._index(ns.rows, []):
+        rows: list[RowInfo] = self._index(ns.rows, [])
+        for info in rows:
             if info.key is None:
                 self._refuse(ns, f"rowid {info.rowid}", "key is pickled or not text")
                 continue
@@ -432,7 +436,8 @@ class Store:
     def _refuse(self, ns: Namespace, key: str, reason: str) -> None:
         self._refused += 1
         self._report_once(
-            (ns.directory.name, key), "cache %s: refusing %s entry %r: %s (treated as a miss; `ctbuild cache verify` lists it)",
+            (ns.directory.name, key),
+            "cache %s: refusing %s entry %r: %s (treated as a miss; `ctbuild cache verify` lists it)",
             ns.directory.name, key, reason,
         )
 
@@ -445,7 +450,7 @@ class Store:
 class _HashingReader:
     """A binary stream that hashes what is read through it (bundle blobs are stored in chunks)."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: ByteStream) -> None:
         self._stream = stream
         self._hasher = xxhash.xxh3_128()
 
@@ -478,7 +483,8 @@ def _resolve_readonly(path: Path, readonly: bool | None) -> bool:
     try:
         path.mkdir(parents=True, exist_ok=True)
         # -wal/-shm files come and go with writers; a path that vanished since the glob is no evidence.
-        writable = all(os.access(p, os.W_OK) or not p.exists() for p in (path, *path.glob("*/"), *path.glob("*/cache.db")))
+        writable = all(os.access(p, os.W_OK) or not p.exists()
+                       for p in (path, *path.glob("*/"), *path.glob("*/cache.db")))
         reason = "is not writable"
     except OSError as exc:
         writable, reason = False, f"cannot be created ({exc.strerror})"

@@ -21,13 +21,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-
-import ctbuild  # noqa: E402
-from ctbuild import runtime  # noqa: E402
 from demo_kernels.elementwise import silu_mul  # noqa: E402
 from demo_kernels.matmul import matmul  # noqa: E402
 from demo_kernels.rmsnorm import rmsnorm  # noqa: E402
 from demo_kernels.rope import rope_inplace  # noqa: E402
+
+import ctbuild  # noqa: E402
+from ctbuild import runtime  # noqa: E402
 
 IMPORT_S = time.perf_counter() - T0
 

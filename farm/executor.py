@@ -138,7 +138,7 @@ class Farm:
         self._start_error: BaseException | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "Farm":
+    def __enter__(self) -> Farm:
         return self
 
     def __exit__(self, *exc: Any) -> None:

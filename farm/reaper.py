@@ -39,7 +39,8 @@ def _table() -> dict[int, tuple[int, int]]:
 
 
 def _descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]:
-    found, frontier = set(), set(roots)
+    found: set[int] = set()
+    frontier = set(roots)
     while frontier:
         frontier = {pid for pid, (ppid, _) in table.items() if ppid in frontier} - found
         found |= frontier

@@ -23,7 +23,8 @@ def source(tmp_path) -> Store:
     store = Store(tmp_path / "src")
     for i in range(12):
         arch = ("sm_90", "sm_100", "sm_80")[i % 3]
-        store.put_compile(f"k{i}", cubin(i), symbol=f"s{i}", meta={"kernel": f"kern{i % 2}", "arch": arch, "config": {"i": i}})
+        store.put_compile(f"k{i}", cubin(i), symbol=f"s{i}",
+                          meta={"kernel": f"kern{i % 2}", "arch": arch, "config": {"i": i}})
     for i in range(0, 12, 2):
         store.put_tuning(f"t{i}", {"kernel": f"kern{i % 2}", "arch": ("sm_90", "sm_100", "sm_80")[i % 3],
                                    "compile_key": f"k{i}", "ms": 0.1 * i})
@@ -50,7 +51,8 @@ def files_of(root: Path) -> dict[str, tuple]:
 def test_round_trip_is_exact_and_import_is_idempotent(source, tmp_path, name):
     bundle = tmp_path / name
     exported = source.export_bundle(bundle)
-    assert (exported["compile_entries"], exported["tuning_records"], exported["toolchains"], exported["blobs"]) == (12, 6, 1, 12)
+    assert (exported["compile_entries"], exported["tuning_records"], exported["toolchains"],
+            exported["blobs"]) == (12, 6, 1, 12)
     with Store(tmp_path / "dst") as dst:
         first = dst.import_bundle(bundle)
         assert (first["blobs_added"], first["entries_written"], first["entries_unchanged"]) == (12, 19, 0)
@@ -74,7 +76,8 @@ def test_export_is_reproducible_and_filters_archs(source, tmp_path):
         names = tar.getnames()
         compile_doc = json.load(tar.extractfile("compile.json"))
     assert {e["arch"] for e in compile_doc.values()} == {"sm_90", "sm_100"}
-    assert sorted(n for n in names if n.startswith("blobs/")) == sorted(f"blobs/{e['digest']}" for e in compile_doc.values())
+    assert sorted(n for n in names if n.startswith("blobs/")) == \
+        sorted(f"blobs/{e['digest']}" for e in compile_doc.values())
     with Store(tmp_path / "dst") as dst:
         dst.import_bundle(tmp_path / "hopper.tar")
         assert {e["arch"] for _, e in dst.compile_entries()} == {"sm_90", "sm_100"}
@@ -87,7 +90,8 @@ def test_export_skips_entries_with_a_corrupt_blob(source, tmp_path):
     assert result["skipped"] == ["k0"] and result["compile_entries"] == 11
 
 
-def member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = "") -> tuple[tarfile.TarInfo, bytes]:
+def member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE,
+           link: str = "") -> tuple[tarfile.TarInfo, bytes]:
     info = tarfile.TarInfo(name)
     info.type, info.size, info.linkname = kind, len(data) if kind == tarfile.REGTYPE else 0, link
     return info, data
@@ -113,11 +117,13 @@ COMPILE = member("compile.json", json.dumps(ENTRY).encode())
         ([MANIFEST, GOOD_BLOB, COMPILE, member("../evil", b"x")], "unsafe path"),
         ([MANIFEST, GOOD_BLOB, COMPILE, member("blobs/../../evil", b"x")], "unsafe path"),
         ([MANIFEST, GOOD_BLOB, COMPILE, member("/tmp/evil", b"x")], "unsafe path"),
-        ([MANIFEST, GOOD_BLOB, COMPILE, member(f"blobs/{'0' * 32}", kind=tarfile.SYMTYPE, link="/etc/passwd")], "symlink"),
-        ([MANIFEST, GOOD_BLOB, COMPILE, member(f"blobs/{'1' * 32}", kind=tarfile.LNKTYPE, link="manifest.json")], "hard link"),
+        ([MANIFEST, GOOD_BLOB, COMPILE, member(f"blobs/{'0' * 32}", kind=tarfile.SYMTYPE, link="/etc/passwd")],
+         "symlink"),
+        ([MANIFEST, GOOD_BLOB, COMPILE, member(f"blobs/{'1' * 32}", kind=tarfile.LNKTYPE, link="manifest.json")],
+         "hard link"),
         ([MANIFEST, GOOD_BLOB, COMPILE, member(f"blobs/{'2' * 32}", kind=tarfile.CHRTYPE)], "device"),
-        ([member("manifest.json", json.dumps({"format": "ctbuild-cache-bundle", "version": 2}).encode()), GOOD_BLOB, COMPILE],
-         "version"),
+        ([member("manifest.json", json.dumps({"format": "ctbuild-cache-bundle", "version": 2}).encode()),
+          GOOD_BLOB, COMPILE], "version"),
         ([GOOD_BLOB, MANIFEST, COMPILE], "does not start with"),
         ([MANIFEST, GOOD_BLOB, COMPILE, member(f"blobs/{digest_of(b'other')}", b"cubin")], "does not match its digest"),
         ([MANIFEST, COMPILE], "neither in the bundle"),

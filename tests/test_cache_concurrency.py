@@ -33,7 +33,8 @@ print("ready", flush=True)
 j = 0
 while count < 0 or j < count:
     key = key_of(wid, j)
-    store.put_compile(key, payload(key, lo, hi), symbol=f"sym_{key}", meta={"kernel": f"k{wid % 3}", "arch": "sm_90", "writer": wid})
+    store.put_compile(key, payload(key, lo, hi), symbol=f"sym_{key}",
+                      meta={"kernel": f"k{wid % 3}", "arch": "sm_90", "writer": wid})
     if j % 10 == 0:
         store.put_tuning(f"t-{key}", {"kernel": f"k{wid % 3}", "arch": "sm_90", "compile_key": key})
     j += 1

@@ -99,7 +99,8 @@ def run_reader(*args: str) -> subprocess.CompletedProcess:
         prefix = DROP_DAC
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("CTBUILD_CACHE_DIR", None)
-    return subprocess.run([*prefix, sys.executable, *args], cwd="/", env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([*prefix, sys.executable, *args], cwd="/", env=env, capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_unwritable_dir_is_detected_serves_lookups_and_refuses_writes(frozen_cache):

@@ -41,13 +41,15 @@ def test_round_trip_and_dedup(tmp_path):
         store.put_tuning("t1", {"kernel": "matmul", "arch": "sm_90", "compile_key": "k1", "config": {"tile_m": 64}})
         assert store.get_tuning("t1")["compile_key"] == "k1" and "created" in store.get_tuning("t1")
         store.put_toolchain("tc1", {"tileiras": "13.4.92"})
-        assert store.get_toolchain("tc1") == {"tileiras": "13.4.92"} and store.toolchains() == {"tc1": {"tileiras": "13.4.92"}}
+        assert store.get_toolchain("tc1") == {"tileiras": "13.4.92"}
+        assert store.toolchains() == {"tc1": {"tileiras": "13.4.92"}}
         assert dict(store.compile_entries()).keys() == {"k1", "k2"}
         assert [k for k, _ in store.tuning_records()] == ["t1"]
         stats = store.stats()
         assert (stats["blobs"], stats["compile_entries"], stats["tuning_records"], stats["toolchains"]) == (1, 2, 1, 1)
         assert stats["bytes"] == 10_000 and stats["digest_failures"] == 0 and stats["readonly"] is False
-        assert store.verify() == {"ok": True, "problems": [], "checked": {"blobs": 1, "compile": 2, "tuning": 1, "toolchains": 1}}
+        assert store.verify() == {"ok": True, "problems": [],
+                                  "checked": {"blobs": 1, "compile": 2, "tuning": 1, "toolchains": 1}}
         assert store.remove_kernel("matmul", "k2") == 1
         assert store.remove_kernel("matmul") == 2  # k1 and t1
         assert store.get_compile("k1") is None and store.get_tuning("t1") is None
@@ -167,7 +169,8 @@ def test_gc_evicts_least_recently_used_and_keeps_tuned_winners(tmp_path):
 
     result = store.gc()
     assert [k for k, _ in store.compile_entries()] == ["e0", "e1"]
-    assert (result["evicted_entries"], result["evicted_blobs"], result["bytes_after"], result["limit_met"]) == (3, 3, 20_000, True)
+    assert (result["evicted_entries"], result["evicted_blobs"], result["bytes_after"],
+            result["limit_met"]) == (3, 3, 20_000, True)
 
     result = store.gc(size_limit=5_000)
     assert [k for k, _ in store.compile_entries()] == ["e1"] and not result["limit_met"]

@@ -10,7 +10,6 @@ and a Python base image that exists in it (``$CTBUILD_TEST_BASE_IMAGE``, default
 """
 from __future__ import annotations
 
-import fnmatch
 import http.client
 import json
 import os
@@ -83,7 +82,7 @@ def context_files(root: Path) -> dict[str, int]:
     """The files the engine would send from `root`: relative path -> size."""
     rules = dockerignore_rules((root / ".dockerignore").read_text())
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             path = Path(dirpath) / name
             rel = path.relative_to(root).as_posix()

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_container_flow import DOCKERFILE, instructions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +153,7 @@ def shown_commands() -> list[tuple[str, list[str]]]:
                 out += [(f"{md.relative_to(ROOT)}: {line.strip()}", c)
                         for c in ctbuild_commands(line)]
     docker = DOCKERFILE.read_text()
-    comments = "\n".join(l.lstrip("#")[1:] for l in docker.splitlines() if l.startswith("#"))
+    comments = "\n".join(line.lstrip("#")[1:] for line in docker.splitlines() if line.startswith("#"))
     runs = [a for op, a in instructions(docker) if op == "RUN"]
     for line in logical_lines(comments) + runs:
         out += [(f"examples/Dockerfile: {line.strip()}", c) for c in ctbuild_commands(line)]
@@ -222,7 +221,7 @@ def test_relative_links_resolve(md: Path) -> None:
 
 
 def test_index_links_every_page() -> None:
-    linked = {l.partition("#")[0] for l in links(DOCS / "index.md")}
+    linked = {link.partition("#")[0] for link in links(DOCS / "index.md")}
     for page in DOCS.glob("*.md"):
         if page.name != "index.md":
             assert page.name in linked, f"docs/index.md does not link {page.name}"

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 FIXTURE = Path(__file__).parent / "fixtures" / "identity_project"

@@ -39,7 +39,7 @@ def test_example_workloads(runtime_store, name: str, index: int) -> None:
     assert res.record_key == kernel_record_key(tuned, w, "sm_90", GPU, TC)
 
 
-def _random_view(rng: random.Random, shape: tuple[int, ...], dtype) -> "torch.Tensor":
+def _random_view(rng: random.Random, shape: tuple[int, ...], dtype) -> torch.Tensor:
     """A view of a larger buffer: random offset (alignment), step and, in 2-D, transpose."""
     step = rng.choice([1, 1, 2, 3])
     offset = rng.choice([0, 0, 1, 8])

@@ -48,9 +48,11 @@ BROKEN_KERNELS = [
     # (what the user wrote wrong, how the source is changed, what the message must name)
     ("syntax error", ("bid = ct.bid(0)", "bid = ct.bid(0) +"), ["SyntaxError", f"{KERNEL}:"]),
     ("name error at import", ("import ctbuild\n", "import ctbuild\nundefined_helper()\n"), ["NameError", f"{KERNEL}:"]),
-    ("unknown dtype", ('Tensor((4096,), "float32"), "OUT"', 'Tensor((4096,), "float128"), "OUT"'), ["float128", f"{KERNEL}:"]),
+    ("unknown dtype", ('Tensor((4096,), "float32"), "OUT"', 'Tensor((4096,), "float128"), "OUT"'),
+     ["float128", f"{KERNEL}:"]),
     ("unknown workload argument in grid", ("w.X.shape", "w.XX.shape"), ["XX", f"{KERNEL}:"]),
-    ("exception in grid", ("grid=lambda cfg, w: (", "grid=lambda cfg, w: (1 // 0, "), ["ZeroDivisionError", f"{KERNEL}:"]),
+    ("exception in grid", ("grid=lambda cfg, w: (", "grid=lambda cfg, w: (1 // 0, "),
+     ["ZeroDivisionError", f"{KERNEL}:"]),
 ]
 
 

@@ -143,7 +143,7 @@ def _classes_main() -> None:
         spec_w, cfg = class_call_specs(tuned, call)
         spy = SpyKernel(tuned.pyfunc)
         args = sc.runtime_args(tuned.kernel_args(cfg, spec_w),
-                               lambda spec, slot: sc.FakeCudaArray(
+                               lambda spec, slot, n=n: sc.FakeCudaArray(
                                    spec, sc.fake_pointer(spec, slot + 8 * n)))
         try:
             ct.launch(0, (1, 1, 1), spy, args)

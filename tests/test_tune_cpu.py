@@ -71,9 +71,6 @@ def test_report_chart_with_no_measurement():
 @pytest.fixture
 def fixture_kernels(monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURE))
-    import tune_kernels.faulty  # noqa: E401,F401
-    import tune_kernels.twice
-
     from ctbuild.project import load_project
     return {k.name: k for k in load_project(FIXTURE / "ctbuild.toml").kernels()}
 

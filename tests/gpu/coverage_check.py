@@ -240,9 +240,10 @@ def _planned_class(workdir: Path, key: str) -> str:
 
 def explain_child(workdir: Path) -> int:
     """CPU only: explain every layout the GPU run served and compare."""
+    import cov_kernels.kernels as kk
+
     from ctbuild import runtime
     from ctbuild.specs import Workload, spec_from_json
-    import cov_kernels.kernels as kk
     runtime.configure(cache_dir=workdir / "cache", mode="strict")
     data = json.loads((workdir / "served.json").read_text())
     agree = total = calls = 0

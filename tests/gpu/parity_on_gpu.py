@@ -44,8 +44,8 @@ def torch_tensor(spec: Any, slot: int) -> Any:
 
 def run(limit: int | None = 100, verbose: bool = True) -> tuple[int, int, list[str]]:
     """Compare all torch-expressible cases (the first ``limit``); returns (passed, failed, why)."""
-    import torch
     import cuda.tile as ct
+    import torch
     from cuda.tile.compilation import KernelSignature
 
     from ctbuild.signature import derive_signature
