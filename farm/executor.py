@@ -441,7 +441,11 @@ class _Run:
 
     def submit(self, slot: _Slot) -> None:
         o, n_slots = self.farm.options, len(self.farm.slots)
-        while slot.ready and len(slot.batches) < QUEUE_DEPTH:
+        # A second batch queued behind a running one keeps a worker busy between batches, but
+        # at the tail it would hold jobs that an idle worker could start now: prefetch only
+        # while every slot can still get a full queue.
+        depth = QUEUE_DEPTH if len(self.pending) >= n_slots * QUEUE_DEPTH else 1
+        while slot.ready and len(slot.batches) < depth:
             target = self.left_cost / (n_slots * 4)
             batch: list[dict[str, Any]] = []
             size = 0.0
