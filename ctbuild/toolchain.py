@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 import xxhash
 
+from . import cutile
+
 #: Env vars that change what cuTile emits: part of the fingerprint.
 KEY_ENV_VARS = ("EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD", "CUDA_TILE_TESTING_DISABLE_DIV",
                 "CUDA_TILE_TESTING_DISABLE_TOKEN_ORDER")
@@ -104,12 +106,10 @@ class Toolchain:
 
 def find_tileiras() -> tuple[str, bool]:
     """(path to tileiras, whether it will use $CUDA_HOME's ptxas/libnvvm), as cuTile finds it."""
-    from cuda.tile._compile import _find_compiler_bin
     try:
-        binary = _find_compiler_bin()
+        return cutile.find_compiler_bin()
     except FileNotFoundError as exc:
         raise ToolchainError(str(exc)) from exc
-    return binary.path, binary.pass_cuda_home_var
 
 
 def _companions(tileiras: str, uses_cuda_home: bool) -> tuple[str, str]:
@@ -153,9 +153,6 @@ def _release(version_text: str) -> str:
 @functools.lru_cache(maxsize=1)
 def probe() -> Toolchain:
     """Probe the local toolchain (runs tileiras; ~1 s the first time, cached per process)."""
-    from cuda.tile._compile import _get_max_supported_bytecode_version
-    import tempfile
-
     tileiras, uses_home = find_tileiras()
     ptxas, nvvm = _companions(tileiras, uses_home)
     for what, path in (("ptxas", ptxas), ("libnvvm", nvvm)):
@@ -163,8 +160,8 @@ def probe() -> Toolchain:
             raise ToolchainError(f"{what} not found at {path} (tileiras at {tileiras} needs it)")
     if (problem := cuda_home_problem()):
         raise ToolchainError(problem)
-    with tempfile.TemporaryDirectory() as tmp, compile_environment():
-        bytecode = _get_max_supported_bytecode_version(tmp)
+    with compile_environment():
+        bytecode = cutile.max_bytecode_version()
     profile = {
         "cuda_tile": cutile_version(),
         "tileiras": _version_text(tileiras),

@@ -10,7 +10,6 @@ the cache entry, lets ``ctbuild cache verify --identity`` check the kernel finge
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import tempfile
@@ -21,6 +20,7 @@ from typing import Any
 
 import xxhash
 
+from .. import cutile
 from ..declare import registered
 from ..space import Config
 from ..specs import Workload, spec_from_json
@@ -49,14 +49,6 @@ class TileIR:
     links_libraries: bool
 
 
-@functools.lru_cache(maxsize=1)
-def _bytecode_version() -> Any:
-    """The newest TileIR bytecode version tileiras takes (asks tileiras once per process)."""
-    from cuda.tile._compile import _get_max_supported_bytecode_version
-    with tempfile.TemporaryDirectory() as tmp:
-        return _get_max_supported_bytecode_version(tmp)
-
-
 def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
     """Run cuTile's front end (what ``compile_tile`` does before tileiras), anonymized.
 
@@ -68,10 +60,10 @@ def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
 
     from ..toolchain import compile_environment
 
-    ann = kernel.kernel._annotated_function
+    ann = cutile.annotated_function(kernel.kernel)
     signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
     with _compiler_lock, compile_environment():
-        version = _bytecode_version()
+        version = cutile.max_bytecode_version()
         keeper = _IrKeeper(ann_func=ann,
                            func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
                            signatures=[signature], bytecode_version=version, sm_arch=arch,

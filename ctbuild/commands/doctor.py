@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .. import cutile
 from ..project import ConfigError, load_project
 from ..toolchain import (
     ToolchainError,
@@ -44,9 +45,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
 def _gpu() -> dict[str, Any]:
     """GPU visibility through the CUDA driver, without torch (it may not be installed)."""
     try:
-        from cuda.tile._cext import get_compute_capability
-        major, minor = get_compute_capability(0)
-        return {"visible": True, "arch": f"sm_{major}{minor}"}
+        return {"visible": True, "arch": str(cutile.current_arch(0))}
     except Exception as exc:  # no libcuda, no device: both are normal on a build machine
         return {"visible": False, "reason": str(exc).splitlines()[0] if str(exc) else
                 type(exc).__name__}

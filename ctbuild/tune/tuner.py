@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from .. import cutile
 from ..arch import Arch
 from ..build.compile_pool import CompilePool
 from ..build.plan import job_for
@@ -59,13 +60,13 @@ def current_device(index: int | None = None) -> Device:
         raise RuntimeError("ctbuild tune needs a CUDA GPU; none is visible to torch")
     dev = torch.cuda.current_device() if index is None else index
     major, minor = torch.cuda.get_device_capability(dev)
-    return Device(dev, f"sm_{major}{minor}", torch.cuda.get_device_name(dev), driver_version())
+    return Device(dev, str(Arch.from_capability(major, minor)), torch.cuda.get_device_name(dev),
+                  driver_version())
 
 
 def driver_version() -> str:
     try:
-        from cuda.tile._cext import get_driver_version  # type: ignore[attr-defined]
-        v = int(get_driver_version())
+        v = cutile.driver_version()
         return f"{v // 1000}.{(v % 1000) // 10}"
     except Exception:
         pass
@@ -91,8 +92,9 @@ def record_key(tuned: TunedKernel, w: Mapping[str, Any], device: Device, toolcha
 
 # ---- counting compiles -------------------------------------------------------------------
 class CompileCounter:
-    """Counts in-process tileiras runs (``cuda.tile._compile.compile_tile``) while active,
-    plus `STATS.jit_compiles` of served kernels."""
+    """Counts cuTile compiles of this thread while active (`cutile.compiles_in_this_thread`:
+    a compile in another thread of the process is not this tuning's), plus `STATS.jit_compiles`
+    of served kernels."""
 
     def __init__(self) -> None:
         self.tileiras = 0
@@ -101,21 +103,13 @@ class CompileCounter:
 
     @contextlib.contextmanager
     def active(self) -> Iterator["CompileCounter"]:
-        import cuda.tile._compile as cc
-
         from ..serve.served_kernel import STATS
-        original = cc.compile_tile
-
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            self.tileiras += 1
-            return original(*args, **kwargs)
-
-        cc.compile_tile = counting
+        tileiras0 = cutile.compiles_in_this_thread()
         self._jit0 = STATS.jit_compiles
         try:
             yield self
         finally:
-            cc.compile_tile = original
+            self.tileiras += cutile.compiles_in_this_thread() - tileiras0
             self.jit += STATS.jit_compiles - self._jit0
 
     @property
