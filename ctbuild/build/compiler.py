@@ -22,6 +22,7 @@ import xxhash
 
 from .. import cutile
 from ..declare import registered
+from ..records import CompileMeta
 from ..space import Config
 from ..specs import Workload, spec_from_json
 
@@ -127,9 +128,10 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
     seconds = time.perf_counter() - start
     if not cubin:
         raise RuntimeError(f"{job['kernel']} {cfg!r}: tileiras produced an empty CUBIN")
-    meta = {f: job[f] for f in ("kernel", "module", "kernel_fp", "arch", "config", "workload")}
-    meta.update(toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4),
-                tileir=ir.digest, weaken=job.get("weaken"),
-                **{"class": Weakening.from_json(job.get("weaken")).cls})
+    meta = CompileMeta(
+        kernel=job["kernel"], module=job["module"], kernel_fp=job["kernel_fp"],
+        arch=job["arch"], config=job["config"], workload=job["workload"],
+        toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4), tileir=ir.digest,
+        cls=Weakening.from_json(job.get("weaken")).cls, weaken=job.get("weaken"))
     return {"cubin": cubin, "symbol": mine.symbol, "seconds": seconds,
-            "toolchain": toolchain.fingerprint, "meta": meta}
+            "toolchain": toolchain.fingerprint, "meta": meta.to_json()}

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..arch import Arch
 from ..project import ConfigError
+from ..records import MissRecord, RecordFormatError
 from ..specs import Workload, spec_from_json
 from .common import (
     add_project_args,
@@ -111,29 +112,27 @@ def read_records(files: list[str], kernels: list[Any]
                 continue
             where = f"--from-record {file}:{n}"
             try:
-                obj = json.loads(line)
+                miss = MissRecord.from_json(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise RecordFileError(f"{where}: not JSON: {exc}") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("kernel"), str) \
-                    or not isinstance(obj.get("workload"), dict):
-                raise RecordFileError(f"{where}: expected an object with \"kernel\" (str), "
-                                      "\"workload\" (object) and \"arch\"")
-            kernel = by_name.get(obj["kernel"])
+            except RecordFormatError as exc:
+                raise RecordFileError(f"{where}: {exc}") from None
+            kernel = by_name.get(miss.kernel)
             if kernel is None:
-                raise RecordFileError(f"{where}: no kernel named {obj['kernel']!r} in this "
+                raise RecordFileError(f"{where}: no kernel named {miss.kernel!r} in this "
                                       f"project (kernels: {', '.join(sorted(by_name))})")
-            if set(obj["workload"]) != set(kernel.params):
-                raise RecordFileError(f"{where}: workload arguments {sorted(obj['workload'])} "
+            if set(miss.workload) != set(kernel.params):
+                raise RecordFileError(f"{where}: workload arguments {sorted(miss.workload)} "
                                       f"do not match {kernel.name}'s "
                                       f"({', '.join(kernel.params)})")
             try:
-                w = Workload({p: spec_from_json(obj["workload"][p]) for p in kernel.params})
-                arch = Arch(obj["arch"]) if obj.get("arch") is not None else None
+                w = Workload({p: spec_from_json(miss.workload[p]) for p in kernel.params})
+                arch = Arch(miss.arch) if miss.arch is not None else None
             except (TypeError, ValueError, KeyError) as exc:
                 raise RecordFileError(f"{where}: {type(exc).__name__}: {exc}") from None
             if arch is not None and arch not in archs:
                 archs.append(arch)
-            ident = json.dumps([kernel.name, obj["workload"]], sort_keys=True)
+            ident = json.dumps([kernel.name, miss.workload], sort_keys=True)
             if ident not in seen:
                 seen.add(ident)
                 extra.setdefault(kernel.name, []).append(w)

@@ -32,13 +32,12 @@ from ..build.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
 from ..device_table import cuda_device, nominal_device
 from ..keys import kernel_record_key
+from ..records import TuningRecord
 from ..space import Config
 from ..specs import Workload, spec_to_json
 from .inputs import has_specs, make_inputs, specs_of
 
 log = logging.getLogger("ctbuild")
-
-RECORD_FORMAT = 1
 
 
 # ---- identity of the GPU and toolchain ------------------------------------------------------
@@ -176,8 +175,9 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
             miss policy; then no candidate is reported missing. ``store`` may then be None
             (nothing is read from or written to it).
 
-    Returns the record (see the module doc); ``record["config"]`` is None when no candidate
-    could be measured, and such a record is not written.
+    Returns the record as stored (`ctbuild.records.TuningRecord.to_json`; read it back with
+    ``TuningRecord.from_json``); its ``config`` is None when no candidate could be measured,
+    and such a record is not written.
     """
     import cuda.tile as ct
     import torch
@@ -315,35 +315,34 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
     measurements = sorted(result.successes, key=lambda m: m.mean_us) if result else []
     by_cfg = {m.config: m for m in measurements}
     dflt = by_cfg.get(default)
-    record: dict[str, Any] = {
-        "format": RECORD_FORMAT,
-        "kernel": tuned.name,
-        "module": tuned.module,
-        "kernel_fp": tuned.fingerprint,
-        "arch": device.arch,
-        "gpu": device.name,
-        "driver": device.driver,
-        "toolchain": fp,
-        "tuning_key": tuned.tuning_key(spec),
-        "workload": {n: spec_to_json(v) for n, v in spec.items()},
-        "config": winner.to_json() if winner is not None else None,
-        "compile_key": keys.get(winner) if winner is not None else None,
-        "mean_us": result.best.mean_us if result else None,
-        "ci_us": result.best.error_margin_us if result else None,
-        "default": {"config": default.to_json(), "mean_us": dflt.mean_us if dflt else None,
-                    "ci_us": dflt.error_margin_us if dflt else None},
-        "candidates": [{"config": m.config.to_json(), "mean_us": m.mean_us,
-                        "ci_us": m.error_margin_us, "samples": m.num_samples}
-                       for m in measurements],
-        "failures": failures,
-        "space": {"total": cands.total, "pruned": len(cands.pruned), "kept": len(space)},
-        "compiled_during_tune": len(compiled),
-        "compiles_during_measurement": counter.total,
-        "measure_seconds": round(measure_s, 3),
-        "seconds": round(time.perf_counter() - started, 3),
-        "source": "online" if real else "workload",
-        "tuned_at": _now(),
-    }
+    record = TuningRecord(
+        kernel=tuned.name,
+        module=tuned.module,
+        kernel_fp=tuned.fingerprint,
+        arch=device.arch,
+        gpu=device.name,
+        driver=device.driver,
+        toolchain=fp,
+        tuning_key=tuned.tuning_key(spec),
+        workload={n: spec_to_json(v) for n, v in spec.items()},
+        config=winner.to_json() if winner is not None else None,
+        compile_key=keys.get(winner) if winner is not None else None,
+        mean_us=result.best.mean_us if result else None,
+        ci_us=result.best.error_margin_us if result else None,
+        default={"config": default.to_json(), "mean_us": dflt.mean_us if dflt else None,
+                 "ci_us": dflt.error_margin_us if dflt else None},
+        candidates=[{"config": m.config.to_json(), "mean_us": m.mean_us,
+                     "ci_us": m.error_margin_us, "samples": m.num_samples}
+                    for m in measurements],
+        failures=failures,
+        space={"total": cands.total, "pruned": len(cands.pruned), "kept": len(space)},
+        compiled_during_tune=len(compiled),
+        compiles_during_measurement=counter.total,
+        measure_seconds=round(measure_s, 3),
+        seconds=round(time.perf_counter() - started, 3),
+        source="online" if real else "workload",
+        tuned_at=_now(),
+    ).to_json()
     if write and winner is not None and store is not None:
         store.put_tuning(record_key(tuned, spec, device, fp), record)
     return record
