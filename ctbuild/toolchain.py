@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import xxhash
 
-from . import cutile
+from . import cutile, settings
 
 #: Env vars that change what cuTile emits: part of the fingerprint.
 KEY_ENV_VARS = ("EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD", "CUDA_TILE_TESTING_DISABLE_DIV",
@@ -198,7 +198,7 @@ def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:
     (a cache shared by builds of two toolchains) the local compiler decides when present, else
     the newest record wins. ``CTBUILD_TOOLCHAIN`` pins one explicitly.
     """
-    pinned = os.environ.get("CTBUILD_TOOLCHAIN")
+    pinned = settings.env(settings.TOOLCHAIN_ENV)
     if pinned:
         return pinned
     env, version = key_env(), cutile_version()
