@@ -18,11 +18,14 @@ import platform
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import xxhash
 
 from . import cutile, settings
+
+if TYPE_CHECKING:
+    from cache import Store
 
 #: Env vars that change what cuTile emits: part of the fingerprint.
 KEY_ENV_VARS = ("EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD", "CUDA_TILE_TESTING_DISABLE_DIV",
@@ -180,7 +183,7 @@ def fingerprint_of(profile: dict[str, Any]) -> str:
     return xxhash.xxh3_128_hexdigest(json.dumps(profile, sort_keys=True).encode())
 
 
-def record_in(store: Any, toolchain: Toolchain) -> None:
+def record_in(store: Store, toolchain: Toolchain) -> None:
     """Record the toolchain's profile in a cache, with where and when (not fingerprinted):
     serving nodes pick their keys' toolchain from these records, newest first on a tie."""
     import datetime
@@ -213,3 +216,10 @@ def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:
     except ToolchainError:
         pass
     return max(matching, key=lambda fp: str(matching[fp].get("created", "")))
+
+
+def toolchain_for(store: Store) -> str:
+    """The toolchain to tune or build against for a cache: the one its entries were built with
+    (`select_recorded`), else the local compiler's (probed; `ToolchainError` without one)."""
+    fp = select_recorded(store.toolchains())
+    return fp if fp else probe().fingerprint

@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..tune.recorded import recorded_workloads
     from ..tune.session import TuneOptions, entries_for, run_isolated, tune_entries
-    from ..tune.tuner import current_device, toolchain_for
+    from ..toolchain import toolchain_for
+    from ..tune.tuner import current_device
 
     project = project_from_args(args)
     kernels = project.kernels()

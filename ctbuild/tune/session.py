@@ -26,7 +26,8 @@ from ..declare import DEFAULT_CAP, TunedKernel
 from ..records import TuningRecord, stored_tuning
 from ..specs import Workload, describe
 from .recorded import recorded_workloads
-from .tuner import Device, context_ok, current_device, record_key, toolchain_for, tune_workload
+from ..toolchain import toolchain_for
+from .tuner import Device, context_ok, current_device, record_key, tune_workload
 
 log = logging.getLogger("ctbuild")
 

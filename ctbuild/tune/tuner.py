@@ -33,6 +33,7 @@ from ..declare import DEFAULT_CAP, TunedKernel
 from ..device_table import cuda_device, nominal_device
 from ..keys import kernel_record_key
 from ..records import TuningRecord
+from ..toolchain import toolchain_for
 from ..space import Config
 from ..specs import Workload, spec_to_json
 from .inputs import has_specs, make_inputs, specs_of
@@ -75,13 +76,6 @@ def driver_version() -> str:
         return out.splitlines()[0] if out else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def toolchain_for(store: Any) -> str:
-    """The build's toolchain fingerprint recorded in the cache, else the local compiler's."""
-    from ..toolchain import probe, select_recorded
-    fp = select_recorded(store.toolchains())
-    return fp if fp else probe().fingerprint
 
 
 def record_key(tuned: TunedKernel, w: Mapping[str, Any], device: Device, toolchain_fp: str
