@@ -82,14 +82,15 @@ class TunedKernel:
         self.axes = self.space.axes()
         self.kernel_params = cutile.param_names(kernel)
         self._constant_params = cutile.constant_params(kernel)
-        workloads = [_as_workload(w) for w in workloads]
+        given = [_as_workload(w) for w in workloads]
         if params is not None:
             self.params = tuple(params)
-        elif args is not None and workloads:
-            self.params = tuple(workloads[0])  # a custom args= decides what the caller passes
+        elif args is not None and given:
+            self.params = tuple(given[0])  # a custom args= decides what the caller passes
         else:
             self.params = tuple(p for p in self.kernel_params if p not in self.axes)
-        self.grid_fn = grid
+        #: ``grid(cfg, w)`` or ``grid(cfg, w, dev)`` (`wants_device` tells which)
+        self.grid_fn: Callable[..., Any] = grid
         self.args_fn = args
         self.hints_fn = hints
         self.key_fn = key or default_key_fn()
@@ -108,7 +109,7 @@ class TunedKernel:
             if missing:
                 raise self.error(f"kernel parameter(s) {missing} are neither call arguments nor "
                                  "search-space axes; add them to the space or pass args=")
-        self.declared_workloads = [self._check_workload(w) for w in workloads]
+        self.declared_workloads = [self._check_workload(w) for w in given]
         try:
             self.dynamic_workloads, self.workloads, self.buckets = expand_workloads(
                 self.declared_workloads)

@@ -48,9 +48,15 @@ import json
 from typing import Any, Sequence
 
 import cuda.tile as ct
-from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
-                                   KernelSignature, ListConstraint, ScalarConstraint,
-                                   TupleConstraint)
+from cuda.tile.compilation import (
+    ArrayConstraint,
+    CallingConvention,
+    ConstantConstraint,
+    KernelSignature,
+    ListConstraint,
+    ScalarConstraint,
+    TupleConstraint,
+)
 
 from . import cutile
 from .specs import DTYPE_BITS, Scalar, Tensor

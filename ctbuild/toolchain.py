@@ -84,7 +84,7 @@ def cutile_version() -> str:
     return str(__version__)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _file_identity(path: str) -> dict[str, Any]:
     data = Path(path).read_bytes()
     return {"bytes": len(data), "xxh3": xxhash.xxh3_128_hexdigest(data)}
@@ -190,7 +190,7 @@ def record_in(store: Store, toolchain: Toolchain) -> None:
     store.put_toolchain(toolchain.fingerprint, {
         **toolchain.profile,
         "host": {"python": platform.python_version(), "machine": platform.machine()},
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat()})
+        "created": datetime.datetime.now(datetime.UTC).isoformat()})
 
 
 def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 import xxhash
 
 from .. import cutile
-from ..declare import registered
+from ..declare import TunedKernel, registered
 from ..records import CompileMeta
 from ..space import Config
 from ..specs import Workload, spec_from_json
@@ -31,7 +31,7 @@ class CompileMismatchError(RuntimeError):
     """The worker's toolchain or kernel source differs from the driver's plan."""
 
 
-def find_kernel(module: str, name: str) -> Any:
+def find_kernel(module: str, name: str) -> TunedKernel:
     importlib.import_module(module)
     for k in registered():
         if k.name == name and k.module == module:
@@ -50,7 +50,7 @@ class TileIR:
     links_libraries: bool
 
 
-def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
+def tileir(kernel: TunedKernel, cfg: Config, signature: Any, arch: str) -> TileIR:
     """Run cuTile's front end (what ``compile_tile`` does before tileiras), anonymized.
 
     Debug info carries the kernel file's absolute path and line numbers; anonymizing it makes

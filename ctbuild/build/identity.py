@@ -67,7 +67,7 @@ def verify_identity(kernels: Iterable[TunedKernel], entries: Iterable[tuple[str,
         except RecordFormatError:
             report.foreign += 1
             continue
-        kernel = by_name.get((meta.module, meta.kernel))
+        kernel = by_name.get((meta.module or "", meta.kernel))
         if kernel is None:
             report.foreign += 1
             continue

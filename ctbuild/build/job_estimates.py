@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..records import CompileMeta, RecordFormatError
+
+if TYPE_CHECKING:
+    from cache import Store
 
 #: Seconds assumed per unit of log2(tile volume) when nothing is recorded.
 SECONDS_PER_LOG2_VOLUME = 0.02
@@ -32,7 +35,7 @@ def tile_volume(config: dict[str, Any]) -> float:
     return volume
 
 
-def recorded_seconds(store: Any) -> dict[str, float]:
+def recorded_seconds(store: Store) -> dict[str, float]:
     """(kernel, arch, config) -> the newest compile seconds recorded in ``store``."""
     newest: dict[str, tuple[float, float]] = {}
     for _, entry in store.compile_entries():
@@ -51,7 +54,7 @@ def recorded_seconds(store: Any) -> dict[str, float]:
     return {ident: secs for ident, (_, secs) in newest.items()}
 
 
-def estimator(store: Any) -> Callable[[dict[str, Any]], float]:
+def estimator(store: Store) -> Callable[[dict[str, Any]], float]:
     """``estimate(job) -> seconds`` for planned jobs (dicts of `CompileJob.to_json`)."""
     known = recorded_seconds(store)
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
-from ..project import ConfigError
+from ..declare import TunedKernel
+from ..project import ConfigError, Project
 from ..records import MissRecord, RecordFormatError
 from ..specs import Workload, spec_from_json
 from .common import (
@@ -95,7 +96,7 @@ class RecordFileError(ValueError):
     """A --from-record file is unreadable or malformed."""
 
 
-def read_records(files: list[str], kernels: list[Any]
+def read_records(files: list[str], kernels: list[TunedKernel]
                  ) -> tuple[dict[str, list[Workload]], list[Arch]]:
     """Workloads per kernel name, and the archs, from runtime record files (deduplicated)."""
     by_name = {k.name: k for k in kernels}
@@ -195,7 +196,7 @@ def _cache_is_cold(cache_dir: Path) -> bool:
         return False
 
 
-def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
+def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel],
            extra: dict[str, list[Workload]], record_archs: list[Arch], farm: Any, stream: Any,
            out: Any, report: Path | None, started: float) -> int:
     """Probe, plan, compile on ``farm``; the summary goes to ``out`` (the real stdout)."""
@@ -263,7 +264,7 @@ def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
     return 0
 
 
-def _make_farm(args: argparse.Namespace, project: Any) -> Any:
+def _make_farm(args: argparse.Namespace, project: Project) -> Any:
     """The farm for this build (not started): where it runs, what workers import and strip."""
     import cache as cache_pkg
     import ctbuild
@@ -278,7 +279,7 @@ def _make_farm(args: argparse.Namespace, project: Any) -> Any:
     ship: list[str] = []
     if address is not None:  # ship our packages and the kernel modules to the cluster
         try:
-            ship = [str(Path(m.__file__).parent) for m in (ctbuild, farm_pkg, cache_pkg)]
+            ship = [str(Path(str(m.__file__)).parent) for m in (ctbuild, farm_pkg, cache_pkg)]
             ship += module_paths(project.modules, paths)
         except FarmError as exc:
             raise ConfigError(str(exc)) from None

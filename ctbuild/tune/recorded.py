@@ -5,13 +5,19 @@ declaration."""
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..records import CompileMeta, RecordFormatError
 from ..specs import Workload, spec_from_json
 
+if TYPE_CHECKING:
+    from cache import Store
 
-def recorded_workloads(store: Any, kernels: Sequence[Any], arch: str) -> dict[str, list[Workload]]:
+    from ..declare import TunedKernel
+
+
+def recorded_workloads(store: Store, kernels: Sequence[TunedKernel], arch: str
+                       ) -> dict[str, list[Workload]]:
     """Per kernel name, the workloads of exact-class compile entries of this kernel source and
     arch whose tuning key no declared workload has (sorted, so every process agrees)."""
     by_name = {k.name: k for k in kernels}

@@ -17,7 +17,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..arch import Arch
 from ..build.compile_pool import CompilePool
@@ -25,9 +25,12 @@ from ..build.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
 from ..records import TuningRecord, stored_tuning
 from ..specs import Workload, describe
-from .recorded import recorded_workloads
 from ..toolchain import toolchain_for
+from .recorded import recorded_workloads
 from .tuner import Device, context_ok, current_device, record_key, tune_workload
+
+if TYPE_CHECKING:
+    from cache import Store
 
 log = logging.getLogger("ctbuild")
 
@@ -47,7 +50,7 @@ def entries_for(kernels: Sequence[TunedKernel], only: Sequence[str] = (),
                 extra: Mapping[str, Sequence[Workload]] | None = None) -> list[Entry]:
     """Every declared workload (a dynamic one per bucket), then the ``extra`` ones (recorded
     at run time, see `ctbuild.tune.recorded`)."""
-    out = []
+    out: list[Entry] = []
     for k in kernels:
         if only and k.name not in only:
             continue
@@ -88,7 +91,7 @@ class TuneOptions:
     workers: int | None = None
 
 
-def tune_entries(entries: Sequence[Entry], store: Any, opts: TuneOptions, *,
+def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
                  device: Device | None = None, toolchain_fp: str | None = None,
                  exclude: Mapping[int, Mapping[str, str]] | None = None,
                  emit: Callable[[dict[str, Any]], None] | None = None,
@@ -212,7 +215,7 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
             if not remaining:
                 break
             restarts += 1
-            why = ("stalled (killed after %.0f s)" % per_entry if stalled
+            why = (f"stalled (killed after {per_entry:.0f} s)" if stalled
                    else f"tuning process died (exit {proc.returncode})")
             culprit = current if current is not None else remaining[0]
             if last_cfg is not None and restarts <= max_restarts:

@@ -23,7 +23,7 @@ import logging
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .. import cutile
 from ..arch import Arch
@@ -33,10 +33,15 @@ from ..declare import DEFAULT_CAP, TunedKernel
 from ..device_table import cuda_device, nominal_device
 from ..keys import kernel_record_key
 from ..records import TuningRecord
-from ..toolchain import toolchain_for
 from ..space import Config
 from ..specs import Workload, spec_to_json
+from ..toolchain import toolchain_for
 from .inputs import has_specs, make_inputs, specs_of
+
+if TYPE_CHECKING:
+    from cache import Store
+
+    from ..serve.served_kernel import ServedKernel
 
 log = logging.getLogger("ctbuild")
 
@@ -95,7 +100,7 @@ class CompileCounter:
         self.jit = 0
 
     @contextlib.contextmanager
-    def active(self) -> Iterator["CompileCounter"]:
+    def active(self) -> Iterator[CompileCounter]:
         from ..serve.served_kernel import STATS
         tileiras0 = cutile.compiles_in_this_thread()
         self._jit0 = STATS.jit_compiles
@@ -133,17 +138,17 @@ class InPlace:
 
 # ---- one kernel x workload -----------------------------------------------------------------
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
+def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | None,
                   toolchain_fp: str | None = None, device: Device | None = None,
                   cap: int = DEFAULT_CAP, timeout_s: float | None = 10.0,
                   configs: Sequence[Config] | None = None, exclude: Mapping[str, str] | None = None,
                   pool: CompilePool | None = None, write: bool = True, seed: int = 0,
                   on_candidate: Callable[[Config], None] | None = None,
                   stream: Any = None, input_device: Any = None,
-                  served: Callable[[Config], Any] | None = None) -> dict[str, Any]:
+                  served: Callable[[Config], ServedKernel] | None = None) -> dict[str, Any]:
     """Tune one kernel x workload on this GPU from cached CUBINs; return (and store) the record.
 
     Args:
@@ -204,7 +209,9 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         else:
             measurable.append(cfg)
 
-    missing = [] if served is not None else [
+    if served is None and store is None:
+        raise ValueError("tune_workload needs a store to read CUBINs from, or served=")
+    missing = [] if served is not None or store is None else [
         c for c in measurable if not store.has_compile(keys[c])]
     compiled: list[str] = []
     if pool is not None:
@@ -232,11 +239,11 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         tuned, spec, input_device or f"cuda:{device.index}", seed)
     inplace = InPlace(tuned, inputs)
     source = CubinSource(store, fp)
-    kernels: dict[Config, Any] = {}
+    kernels: dict[Config, ServedKernel] = {}
 
     last: list[Config | None] = [None]
 
-    def kernel_for(cfg: Config) -> Any:
+    def kernel_for(cfg: Config) -> ServedKernel:
         if cfg not in kernels:
             kernels[cfg] = served(cfg) if served is not None else ServedKernel(tuned, cfg, source)
         return kernels[cfg]
@@ -257,7 +264,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         def __len__(self) -> int:
             return self.n
 
-        def __getitem__(self, i: int) -> Config:  # pragma: no cover - not used by the tuner
+        def __getitem__(self, i: int) -> Config:  # type: ignore[override]  # never used
             raise IndexError(i)
 
         def __iter__(self) -> Iterator[Config]:
