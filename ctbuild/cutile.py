@@ -8,6 +8,12 @@ They changed between cuda-tile 1.6 and 1.7, so ctbuild pins one version and `che
 import: an unsupported cuda-tile fails at once, with one error naming every hook that changed,
 rather than mis-launching later or being chased through the code one hook at a time.
 
+The rest of ctbuild calls the accessors at the end of this module (`pyfunc`,
+`constant_params`, `compiler_options`, `compute_capability`, ...), serves CUBINs through
+`ServingKernel` (the ``_compile`` override) and counts cuTile's own compiles with
+`compiles_in_this_thread`; only the compiler driver (`ctbuild.build.compiler`) also drives
+cuTile's front end itself.
+
 Serve hooks are checked on the live objects. Build hooks are checked from their module's
 source (names defined there), because importing cuTile's compiler costs seconds and the serve
 path never needs it; `compiler` imports it when a build does.
@@ -93,9 +99,12 @@ def _kernel_problems() -> list[str]:
         try:
             params = list(annotated.pysig.parameters)
             constants = [getattr(a, "constant", None) for a in annotated.parameter_annotations]
+            wrapped = annotated.pyfunc
         except AttributeError as exc:
             found.append(f"kernel._annotated_function ({exc})")
         else:
+            if wrapped is not _probe:
+                found.append("kernel._annotated_function.pyfunc")
             if params != ["X", "N"] or constants != [False, True]:
                 found.append("kernel._annotated_function.pysig/parameter_annotations "
                              f"(got {params}, constant flags {constants})")
