@@ -10,8 +10,8 @@ then ``ctbuild precompile`` (CPU, container build), ``ctbuild tune`` (one GPU) a
 ``matmul(a, b, c)`` at run time. Importing this package imports neither Ray nor the farm.
 """
 from .arch import Arch
-from .dims import Dim
 from .declare import DeclarationError, TunedKernel, autotune, registered
+from .dims import Dim
 from .keys import key, pow2
 from .space import Config, Configs, Product, Zip
 from .specs import Scalar, Tensor, Workload

@@ -8,6 +8,12 @@ They changed between cuda-tile 1.6 and 1.7, so ctbuild pins one version and `che
 import: an unsupported cuda-tile fails at once, with one error naming every hook that changed,
 rather than mis-launching later or being chased through the code one hook at a time.
 
+The rest of ctbuild calls the accessors at the end of this module (`pyfunc`,
+`constant_params`, `compiler_options`, `compute_capability`, ...), serves CUBINs through
+`ServingKernel` (the ``_compile`` override) and counts cuTile's own compiles with
+`compiles_in_this_thread`; only the compiler driver (`ctbuild.build.compiler`) also drives
+cuTile's front end itself.
+
 Serve hooks are checked on the live objects. Build hooks are checked from their module's
 source (names defined there), because importing cuTile's compiler costs seconds and the serve
 path never needs it; `compiler` imports it when a build does.
@@ -16,14 +22,19 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
+import tempfile
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import cuda.tile as ct
+
+from .arch import Arch
 
 SUPPORTED_CUTILE = "1.7.0"
 
@@ -88,9 +99,12 @@ def _kernel_problems() -> list[str]:
         try:
             params = list(annotated.pysig.parameters)
             constants = [getattr(a, "constant", None) for a in annotated.parameter_annotations]
+            wrapped = annotated.pyfunc
         except AttributeError as exc:
             found.append(f"kernel._annotated_function ({exc})")
         else:
+            if wrapped is not _probe:
+                found.append("kernel._annotated_function.pyfunc")
             if params != ["X", "N"] or constants != [False, True]:
                 found.append("kernel._annotated_function.pysig/parameter_annotations "
                              f"(got {params}, constant flags {constants})")
@@ -149,32 +163,48 @@ check()
 
 # ---- the hooks, for the rest of ctbuild --------------------------------------------------------
 def pyfunc(kernel: Any) -> Callable[..., Any]:
-    """The Python function a ``ct.kernel`` wraps."""
-    return kernel._pyfunc
+    """The Python function a ``ct.kernel`` wraps (``kernel`` itself when it is not one)."""
+    return kernel._pyfunc if isinstance(kernel, ct.kernel) else kernel
 
 
-def annotated_function(kernel: Any) -> Any:
-    """cuTile's parsed view of a kernel's parameters (what the dispatcher and compiler use)."""
+def annotated_function(kernel: ct.kernel) -> Any:
+    """cuTile's parsed view of a kernel's parameters (what the dispatcher and compiler use):
+    ``.pysig`` (an `inspect.Signature`), ``.parameter_annotations``, ``.pyfunc``."""
     return kernel._annotated_function
 
 
-def constant_params(kernel: Any) -> set[str]:
+def param_names(kernel: ct.kernel) -> tuple[str, ...]:
+    """A kernel's parameter names, in order."""
+    return tuple(kernel._annotated_function.pysig.parameters)
+
+
+def constant_params(kernel: ct.kernel) -> set[str]:
     """Names of a kernel's ``ct.Constant`` parameters."""
     annotated = kernel._annotated_function
     return {p for p, a in zip(annotated.pysig.parameters, annotated.parameter_annotations)
             if getattr(a, "constant", False)}
 
 
-def compiler_options(kernel: Any) -> Any:
-    """A kernel's compiler options (a dataclass: num_ctas, occupancy, opt_level, ...)."""
-    return kernel._compiler_options
+def compiler_options(kernel: ct.kernel, **hints: Any) -> Any:
+    """A kernel's compiler options (a dataclass: num_ctas, occupancy, opt_level, ...), with
+    ``hints`` applied (a copy; the kernel's own options are never changed)."""
+    return dataclasses.replace(kernel._compiler_options, **hints)
 
 
-def compute_capability() -> tuple[int, int]:
-    """(major, minor) of the current CUDA device, as the dispatcher sees it."""
+def compute_capability(device: int | None = None) -> tuple[int, int]:
+    """(major, minor) of a CUDA device (default: the current one), as the dispatcher sees it."""
     from cuda.tile._cext import get_compute_capability
-    major, minor = get_compute_capability()
+    major, minor = get_compute_capability() if device is None else \
+        get_compute_capability(device)
     return int(major), int(minor)
+
+
+_current_capability = compute_capability  # for `ServingKernel._compile`, whose parameter shadows it
+
+
+def current_arch(device: int | None = None) -> Arch:
+    """The `Arch` of a CUDA device (default: the current one), through the CUDA driver."""
+    return Arch.from_capability(*compute_capability(device))
 
 
 def driver_version() -> int:
@@ -186,3 +216,77 @@ def driver_version() -> int:
 def compiler() -> ModuleType:
     """cuTile's compiler module (``compile_tile`` and friends); imported on first build use."""
     return importlib.import_module("cuda.tile._compile")
+
+
+def find_compiler_bin() -> tuple[str, bool]:
+    """(path to tileiras, whether it uses $CUDA_HOME's ptxas/libnvvm), as cuTile finds it;
+    FileNotFoundError when there is none."""
+    binary = compiler()._find_compiler_bin()
+    return binary.path, bool(binary.pass_cuda_home_var)
+
+
+@functools.lru_cache(maxsize=1)
+def max_bytecode_version() -> Any:
+    """The newest TileIR bytecode version tileiras takes (asks tileiras once per process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return compiler()._get_max_supported_bytecode_version(tmp)
+
+
+# ---- counting cuTile's own compiles -------------------------------------------------------------
+_COMPILES = threading.local()
+_COUNTING_INSTALLED = threading.Lock()
+
+
+def _install_compile_count() -> None:
+    """Wrap ``compile_tile`` once per process with a per-thread counter, and never unwrap it.
+
+    Installed once and left in place (under a lock), so concurrent tuners never restore each
+    other's wrapper; each thread reads only its own count, so a compile in another thread is
+    never attributed to this one. Every in-process tileiras run of cuTile's JIT goes through
+    ``compile_tile`` (``kernel._compile`` looks it up on each call)."""
+    cc = compiler()
+    with _COUNTING_INSTALLED:
+        if getattr(cc.compile_tile, "_ctbuild_counted", False):
+            return
+        original = cc.compile_tile
+
+        @functools.wraps(original)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            _COMPILES.n = getattr(_COMPILES, "n", 0) + 1
+            return original(*args, **kwargs)
+
+        counted._ctbuild_counted = True  # type: ignore[attr-defined]
+        setattr(cc, "compile_tile", counted)  # noqa: B010 - a module attribute mypy cannot see
+
+
+def compiles_in_this_thread() -> int:
+    """How many times cuTile's ``compile_tile`` ran in this thread since counting began (the
+    first call begins it; compare two readings)."""
+    _install_compile_count()
+    return int(getattr(_COMPILES, "n", 0))
+
+
+# ---- serving CUBINs through cuTile's dispatcher ---------------------------------------------------
+class ServingKernel(ct.kernel):
+    """Base of a ``ct.kernel`` whose CUBINs come from elsewhere (the cache).
+
+    cuTile's dispatcher derives the launch signature and, on a miss of its in-memory launch
+    cache, calls ``_compile(signature, context, compute_capability)``; this class overrides
+    that hook and asks `serve` instead. `compile_with_cutile` runs cuTile's own compile (JIT)."""
+
+    def _compile(self, signature: Any, context: Any,
+                 compute_capability: tuple[int, int] | None = None) -> tuple:
+        major, minor = compute_capability or _current_capability()
+        cubin, symbol = self.serve(signature, context, Arch.from_capability(major, minor))
+        return cubin, symbol, None, ()
+
+    def serve(self, signature: Any, context: Any, arch: Arch) -> tuple[bytes, str]:
+        """(cubin, symbol) to launch for ``signature`` on ``arch``; subclasses decide."""
+        raise NotImplementedError
+
+    def compile_with_cutile(self, signature: Any, context: Any, arch: Arch
+                            ) -> tuple[bytes, str, tuple[Any, ...]]:
+        """(cubin, symbol, library lifecycle providers) from cuTile's own compile path."""
+        cubin, symbol, _, lifecycle = ct.kernel._compile(self, signature, context,
+                                                         (arch.major, arch.minor))
+        return cubin, symbol, tuple(lifecycle)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import cuda.tile as ct
 
+from . import cutile
 from .arch import Arch
 from .device_table import DeviceInfo, wants_device
 from .dims import expand_workloads
@@ -70,7 +71,7 @@ class TunedKernel:
                 f"@ctbuild.autotune must be applied over a @ct.kernel, got {kernel!r}; "
                 "put @ctbuild.autotune(...) above @ct.kernel")
         self.kernel = kernel
-        self.pyfunc = kernel._pyfunc
+        self.pyfunc = cutile.pyfunc(kernel)
         self.name = name or self.pyfunc.__name__
         self.module = self.pyfunc.__module__
         functools.update_wrapper(self, self.pyfunc)
@@ -79,19 +80,17 @@ class TunedKernel:
         except (TypeError, ValueError) as exc:
             raise self.error(f"bad search space: {exc}") from None
         self.axes = self.space.axes()
-        annotated = kernel._annotated_function
-        self.kernel_params = tuple(annotated.pysig.parameters)
-        self._constant_params = {
-            p for p, node in zip(self.kernel_params, annotated.parameter_annotations)
-            if getattr(node, "constant", False)}
-        workloads = [_as_workload(w) for w in workloads]
+        self.kernel_params = cutile.param_names(kernel)
+        self._constant_params = cutile.constant_params(kernel)
+        given = [_as_workload(w) for w in workloads]
         if params is not None:
             self.params = tuple(params)
-        elif args is not None and workloads:
-            self.params = tuple(workloads[0])  # a custom args= decides what the caller passes
+        elif args is not None and given:
+            self.params = tuple(given[0])  # a custom args= decides what the caller passes
         else:
             self.params = tuple(p for p in self.kernel_params if p not in self.axes)
-        self.grid_fn = grid
+        #: ``grid(cfg, w)`` or ``grid(cfg, w, dev)`` (`wants_device` tells which)
+        self.grid_fn: Callable[..., Any] = grid
         self.args_fn = args
         self.hints_fn = hints
         self.key_fn = key or default_key_fn()
@@ -110,7 +109,7 @@ class TunedKernel:
             if missing:
                 raise self.error(f"kernel parameter(s) {missing} are neither call arguments nor "
                                  "search-space axes; add them to the space or pass args=")
-        self.declared_workloads = [self._check_workload(w) for w in workloads]
+        self.declared_workloads = [self._check_workload(w) for w in given]
         try:
             self.dynamic_workloads, self.workloads, self.buckets = expand_workloads(
                 self.declared_workloads)
@@ -223,7 +222,7 @@ class TunedKernel:
 
     def compiler_options(self, cfg: Config) -> Any:
         """The kernel's own options with this config's hints applied."""
-        return dataclasses.replace(self.kernel._compiler_options, **self.hints(cfg))
+        return cutile.compiler_options(self.kernel, **self.hints(cfg))
 
     def resolved_hints(self, cfg: Config, arch: str) -> dict[str, Any]:
         return resolve_hints(self.compiler_options(cfg).hints_by_target(), arch)

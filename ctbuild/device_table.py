@@ -15,6 +15,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .arch import Arch
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -72,7 +74,8 @@ def cuda_device(index: int) -> DeviceInfo:
     """The real GPU ``index`` (torch)."""
     import torch
     props = torch.cuda.get_device_properties(index)
-    return DeviceInfo(props.name, f"sm_{props.major}{props.minor}", props.multi_processor_count)
+    return DeviceInfo(props.name, str(Arch.from_capability(props.major, props.minor)),
+                      props.multi_processor_count)
 
 
 def wants_device(fn: Callable[..., Any]) -> bool:

@@ -25,6 +25,8 @@ from typing import Any
 
 import xxhash
 
+from . import cutile
+
 #: Top-level packages whose code is the toolchain's or a library's, versioned elsewhere. A
 #: module is a library when its top-level package is one of these or in the standard library:
 #: ``math`` and ``torch.nn`` are, a project's ``mathx`` or ``torchops`` is not.
@@ -51,7 +53,7 @@ def _is_library(obj: Any) -> bool:
 
 
 def _unwrap(func: Any) -> Any:
-    func = getattr(func, "_pyfunc", func)  # ct.kernel objects
+    func = cutile.pyfunc(func)  # ct.kernel objects
     while hasattr(func, "__wrapped__"):
         func = func.__wrapped__
     return func

@@ -10,11 +10,16 @@ and what is looked up cannot drift apart.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import xxhash
 
 from .specs import Scalar, dtype_name
+
+if TYPE_CHECKING:
+    from .declare import TunedKernel
+    from .space import Config
+    from .specs import Workload
 
 KEY_FORMAT = 1
 
@@ -46,7 +51,7 @@ def tuning_record_key(*, kernel_fp: str, tuning_key: Any, arch: str, gpu: str,
                    "gpu": gpu, "toolchain": toolchain_fp})
 
 
-def kernel_compile_key(tuned: Any, cfg: Any, signature: Any, arch: str, toolchain_fp: str
+def kernel_compile_key(tuned: TunedKernel, cfg: Config, signature: Any, arch: str, toolchain_fp: str
                        ) -> str:
     """The compile key of one config of a declared kernel for a cuTile `KernelSignature`."""
     from .signature import signature_text
@@ -55,12 +60,12 @@ def kernel_compile_key(tuned: Any, cfg: Any, signature: Any, arch: str, toolchai
                        hints=tuned.resolved_hints(cfg, arch), arch=str(arch))
 
 
-def kernel_record_key(tuned: Any, w: Any, arch: str, gpu: str, toolchain_fp: str) -> str:
+def kernel_record_key(tuned: TunedKernel, w: Workload, arch: str, gpu: str, toolchain_fp: str) -> str:
     """Where the winner of a declared kernel for workload ``w`` on one GPU is recorded."""
     return record_key_for(tuned, tuned.tuning_key(w), arch, gpu, toolchain_fp)
 
 
-def record_key_for(tuned: Any, tuning_key: Any, arch: str, gpu: str, toolchain_fp: str) -> str:
+def record_key_for(tuned: TunedKernel, tuning_key: Any, arch: str, gpu: str, toolchain_fp: str) -> str:
     """`kernel_record_key` for a tuning key already computed by ``tuned.tuning_key`` (the
     runtime computes a call's key and its bucket's once and tries both)."""
     return tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuning_key,

@@ -1,6 +1,7 @@
 """Project configuration: ``ctbuild.toml`` or ``[tool.ctbuild]`` in ``pyproject.toml``.
 
-Precedence: command-line flags > ``CTBUILD_CACHE_DIR`` (cache dir only) > the file > defaults.
+Precedence: command-line flags > the environment (cache dir only, `ctbuild.settings`) > the
+file > defaults.
 Relative paths in the file are relative to the file, so a build works from any directory.
 """
 from __future__ import annotations
@@ -14,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import settings
 from .arch import Arch, parse_archs
 from .declare import DEFAULT_CAP, DeclarationError, TunedKernel, registered
 from .device_table import parse_devices
 
-DEFAULT_CACHE_DIR = ".ctbuild-cache"
 _KEYS = {"modules": list, "archs": list, "cache_dir": str, "cap": int, "paths": list,
          "generic_fallback": bool, "devices": dict}
 
@@ -33,7 +34,7 @@ class Project:
     path: Path | None
     modules: list[str] = field(default_factory=list)
     archs: list[Arch] = field(default_factory=lambda: [Arch("sm_90")])
-    cache_dir: Path = Path(DEFAULT_CACHE_DIR)
+    cache_dir: Path = Path(settings.DEFAULT_CACHE_DIR)
     cap: int = DEFAULT_CAP
     paths: list[Path] = field(default_factory=list)
     generic: bool = True            # build the generic fallback CUBINs (generic_fallback)
@@ -141,9 +142,8 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | list[str
     project.cap = cap if cap is not None else int(table.get("cap", DEFAULT_CAP))
     if project.cap < 1:
         raise ConfigError(f"{project.where}: cap must be >= 1, got {project.cap}")
-    chosen = cache_dir or os.environ.get("CTBUILD_CACHE_DIR") or table.get("cache_dir")
-    project.cache_dir = (base / chosen).resolve() if chosen and not cache_dir and \
-        not os.environ.get("CTBUILD_CACHE_DIR") else Path(chosen or DEFAULT_CACHE_DIR).resolve()
+    project.cache_dir = settings.cache_dir(cache_dir, config_value=table.get("cache_dir"),
+                                           config_base=base).resolve()
     if file is None:
         raise ConfigError(f"no config file found: {Path.cwd()} has no ctbuild.toml and no pyproject.toml "
                           "with [tool.ctbuild]; pass --config PATH or run from the project directory")

@@ -48,10 +48,17 @@ import json
 from typing import Any, Sequence
 
 import cuda.tile as ct
-from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
-                                   KernelSignature, ListConstraint, ScalarConstraint,
-                                   TupleConstraint)
+from cuda.tile.compilation import (
+    ArrayConstraint,
+    CallingConvention,
+    ConstantConstraint,
+    KernelSignature,
+    ListConstraint,
+    ScalarConstraint,
+    TupleConstraint,
+)
 
+from . import cutile
 from .specs import DTYPE_BITS, Scalar, Tensor
 
 #: Divisibility and unit-stride/size-1 facts are only derived for arrays of at most this rank.
@@ -287,7 +294,7 @@ def derive_signature(kernel: Any, kernel_args: Sequence[Any]) -> KernelSignature
     ``kernel_args`` hold `Tensor` specs (or lists/tuples of them), `Scalar` specs, Python
     scalars and constant values, in parameter order.
     """
-    annotated = kernel._annotated_function
+    annotated = cutile.annotated_function(kernel)
     params = list(annotated.pysig.parameters)
     if len(kernel_args) != len(params):
         raise SignatureError(f"kernel {annotated.pyfunc.__name__!r} takes {len(params)} arguments "

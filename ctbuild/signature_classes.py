@@ -24,12 +24,21 @@ serve agree bit for bit. Compile keys of weakened signatures come from
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
-                                   ListConstraint, TupleConstraint)
+from cuda.tile.compilation import (
+    ArrayConstraint,
+    CallingConvention,
+    KernelSignature,
+    ListConstraint,
+    TupleConstraint,
+)
 
 from .dims import DynamicPositions
+
+if TYPE_CHECKING:
+    from .declare import TunedKernel
+    from .space import Config
 
 EXACT, RELAXED, GENERIC = "exact", "relaxed", "generic"
 #: Most specialised first: the order the runtime looks CUBINs up in.
@@ -51,7 +60,7 @@ class Weakening:
                                                 for d in self.dynamics]}
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any] | None) -> "Weakening":
+    def from_json(cls, obj: Mapping[str, Any] | None) -> Weakening:
         if not obj:
             return EXACT_WEAKENING
         dyn = tuple(None if d is None else (tuple(d[0]), tuple(d[1]))
@@ -171,7 +180,7 @@ def lattice(patterns: Sequence[ParamDynamics]) -> list[Weakening]:
     return out
 
 
-def dynamic_patterns(tuned: Any, cfg: Any) -> list[ParamDynamics]:
+def dynamic_patterns(tuned: TunedKernel, cfg: Config) -> list[ParamDynamics]:
     """The relaxed patterns of a kernel's config: one per declared dynamic workload (computed
     on its first bucket; memoised on the kernel, since the runtime asks on every CUBIN miss)."""
     memo = tuned.__dict__.setdefault("_dynamic_patterns", {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, cast
 
 #: dtype names accepted in specs, with their width in bits (cuTile's names).
 DTYPE_BITS: dict[str, int] = {
@@ -102,7 +102,7 @@ class Tensor:
         return math.prod(self.shape)
 
     def to_json(self) -> dict[str, Any]:
-        return {"tensor": [d.to_json() if _is_dim(d) else d for d in self.shape],
+        return {"tensor": [cast(Any, d).to_json() if _is_dim(d) else d for d in self.shape],
                 "dtype": self.dtype, "strides": list(self.strides or ()), "align": self.align}
 
     def __repr__(self) -> str:

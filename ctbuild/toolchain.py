@@ -18,9 +18,14 @@ import platform
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import xxhash
+
+from . import cutile, settings
+
+if TYPE_CHECKING:
+    from cache import Store
 
 #: Env vars that change what cuTile emits: part of the fingerprint.
 KEY_ENV_VARS = ("EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD", "CUDA_TILE_TESTING_DISABLE_DIV",
@@ -79,7 +84,7 @@ def cutile_version() -> str:
     return str(__version__)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _file_identity(path: str) -> dict[str, Any]:
     data = Path(path).read_bytes()
     return {"bytes": len(data), "xxh3": xxhash.xxh3_128_hexdigest(data)}
@@ -104,12 +109,10 @@ class Toolchain:
 
 def find_tileiras() -> tuple[str, bool]:
     """(path to tileiras, whether it will use $CUDA_HOME's ptxas/libnvvm), as cuTile finds it."""
-    from cuda.tile._compile import _find_compiler_bin
     try:
-        binary = _find_compiler_bin()
+        return cutile.find_compiler_bin()
     except FileNotFoundError as exc:
         raise ToolchainError(str(exc)) from exc
-    return binary.path, binary.pass_cuda_home_var
 
 
 def _companions(tileiras: str, uses_cuda_home: bool) -> tuple[str, str]:
@@ -153,9 +156,6 @@ def _release(version_text: str) -> str:
 @functools.lru_cache(maxsize=1)
 def probe() -> Toolchain:
     """Probe the local toolchain (runs tileiras; ~1 s the first time, cached per process)."""
-    from cuda.tile._compile import _get_max_supported_bytecode_version
-    import tempfile
-
     tileiras, uses_home = find_tileiras()
     ptxas, nvvm = _companions(tileiras, uses_home)
     for what, path in (("ptxas", ptxas), ("libnvvm", nvvm)):
@@ -163,8 +163,8 @@ def probe() -> Toolchain:
             raise ToolchainError(f"{what} not found at {path} (tileiras at {tileiras} needs it)")
     if (problem := cuda_home_problem()):
         raise ToolchainError(problem)
-    with tempfile.TemporaryDirectory() as tmp, compile_environment():
-        bytecode = _get_max_supported_bytecode_version(tmp)
+    with compile_environment():
+        bytecode = cutile.max_bytecode_version()
     profile = {
         "cuda_tile": cutile_version(),
         "tileiras": _version_text(tileiras),
@@ -183,14 +183,14 @@ def fingerprint_of(profile: dict[str, Any]) -> str:
     return xxhash.xxh3_128_hexdigest(json.dumps(profile, sort_keys=True).encode())
 
 
-def record_in(store: Any, toolchain: Toolchain) -> None:
+def record_in(store: Store, toolchain: Toolchain) -> None:
     """Record the toolchain's profile in a cache, with where and when (not fingerprinted):
     serving nodes pick their keys' toolchain from these records, newest first on a tie."""
     import datetime
     store.put_toolchain(toolchain.fingerprint, {
         **toolchain.profile,
         "host": {"python": platform.python_version(), "machine": platform.machine()},
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat()})
+        "created": datetime.datetime.now(datetime.UTC).isoformat()})
 
 
 def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:
@@ -201,7 +201,7 @@ def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:
     (a cache shared by builds of two toolchains) the local compiler decides when present, else
     the newest record wins. ``CTBUILD_TOOLCHAIN`` pins one explicitly.
     """
-    pinned = os.environ.get("CTBUILD_TOOLCHAIN")
+    pinned = settings.env(settings.TOOLCHAIN_ENV)
     if pinned:
         return pinned
     env, version = key_env(), cutile_version()
@@ -216,3 +216,10 @@ def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:
     except ToolchainError:
         pass
     return max(matching, key=lambda fp: str(matching[fp].get("created", "")))
+
+
+def toolchain_for(store: Store) -> str:
+    """The toolchain to tune or build against for a cache: the one its entries were built with
+    (`select_recorded`), else the local compiler's (probed; `ToolchainError` without one)."""
+    fp = select_recorded(store.toolchains())
+    return fp if fp else probe().fingerprint

@@ -10,7 +10,12 @@ import contextlib
 import os
 import sys
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+if TYPE_CHECKING:
+    from cache import Store
+
+    from .plan import CompileJob
 
 
 def _pool_init(paths: list[str]) -> None:
@@ -32,7 +37,7 @@ class CompilePool:
     in the store (already-present ones first), and records failures in ``errors``.
     """
 
-    def __init__(self, store: Any, *, workers: int | None = None, paths: Sequence[str] = (),
+    def __init__(self, store: Store, *, workers: int | None = None, paths: Sequence[str] = (),
                  timeout_sec: float | None = None) -> None:
         import multiprocessing as mp
         self.store = store
@@ -47,7 +52,7 @@ class CompilePool:
         self.seconds = 0.0
         self._toolchain_recorded = False
 
-    def submit(self, job: Any) -> None:
+    def submit(self, job: CompileJob) -> None:
         if job.key in self.futures or self.store.has_compile(job.key):
             return
         self.futures[job.key] = self.executor.submit(_pool_compile, job.to_json(),

@@ -10,7 +10,6 @@ the cache entry, lets ``ctbuild cache verify --identity`` check the kernel finge
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import tempfile
@@ -21,7 +20,9 @@ from typing import Any
 
 import xxhash
 
-from ..declare import registered
+from .. import cutile
+from ..declare import TunedKernel, registered
+from ..records import CompileMeta
 from ..space import Config
 from ..specs import Workload, spec_from_json
 
@@ -30,7 +31,7 @@ class CompileMismatchError(RuntimeError):
     """The worker's toolchain or kernel source differs from the driver's plan."""
 
 
-def find_kernel(module: str, name: str) -> Any:
+def find_kernel(module: str, name: str) -> TunedKernel:
     importlib.import_module(module)
     for k in registered():
         if k.name == name and k.module == module:
@@ -49,15 +50,7 @@ class TileIR:
     links_libraries: bool
 
 
-@functools.lru_cache(maxsize=1)
-def _bytecode_version() -> Any:
-    """The newest TileIR bytecode version tileiras takes (asks tileiras once per process)."""
-    from cuda.tile._compile import _get_max_supported_bytecode_version
-    with tempfile.TemporaryDirectory() as tmp:
-        return _get_max_supported_bytecode_version(tmp)
-
-
-def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
+def tileir(kernel: TunedKernel, cfg: Config, signature: Any, arch: str) -> TileIR:
     """Run cuTile's front end (what ``compile_tile`` does before tileiras), anonymized.
 
     Debug info carries the kernel file's absolute path and line numbers; anonymizing it makes
@@ -68,10 +61,10 @@ def tileir(kernel: Any, cfg: Config, signature: Any, arch: str) -> TileIR:
 
     from ..toolchain import compile_environment
 
-    ann = kernel.kernel._annotated_function
+    ann = cutile.annotated_function(kernel.kernel)
     signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
     with _compiler_lock, compile_environment():
-        version = _bytecode_version()
+        version = cutile.max_bytecode_version()
         keeper = _IrKeeper(ann_func=ann,
                            func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
                            signatures=[signature], bytecode_version=version, sm_arch=arch,
@@ -135,9 +128,10 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
     seconds = time.perf_counter() - start
     if not cubin:
         raise RuntimeError(f"{job['kernel']} {cfg!r}: tileiras produced an empty CUBIN")
-    meta = {f: job[f] for f in ("kernel", "module", "kernel_fp", "arch", "config", "workload")}
-    meta.update(toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4),
-                tileir=ir.digest, weaken=job.get("weaken"),
-                **{"class": Weakening.from_json(job.get("weaken")).cls})
+    meta = CompileMeta(
+        kernel=job["kernel"], module=job["module"], kernel_fp=job["kernel_fp"],
+        arch=job["arch"], config=job["config"], workload=job["workload"],
+        toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4), tileir=ir.digest,
+        cls=Weakening.from_json(job.get("weaken")).cls, weaken=job.get("weaken"))
     return {"cubin": cubin, "symbol": mine.symbol, "seconds": seconds,
-            "toolchain": toolchain.fingerprint, "meta": meta}
+            "toolchain": toolchain.fingerprint, "meta": meta.to_json()}

@@ -2,13 +2,17 @@
 ``ct.Constant`` parameters that no class can cover (derived from a dynamic dim)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dims import concretize, dims_of
 from ..signature_classes import CLASSES
 
+if TYPE_CHECKING:
+    from ..declare import TunedKernel
+    from .plan import Plan
 
-def derived_constants(kernel: Any) -> list[dict[str, Any]]:
+
+def derived_constants(kernel: TunedKernel) -> list[dict[str, Any]]:
     """``ct.Constant`` parameters whose value changes with a dynamic dim (default config):
     every value is its own CUBIN, so sizes between the buckets' representatives miss."""
     found = []
@@ -42,7 +46,7 @@ def derived_constants(kernel: Any) -> list[dict[str, Any]]:
     return found
 
 
-def kernel_coverage(plan: Any, kernel: Any) -> dict[str, Any]:
+def kernel_coverage(plan: Plan, kernel: TunedKernel) -> dict[str, Any]:
     """The ``coverage`` object of one kernel in ``ctbuild plan --json``."""
     entries = [e for e in plan.entries if e.kernel is kernel]
     dims: dict[str, Any] = {}
@@ -69,7 +73,7 @@ def kernel_coverage(plan: Any, kernel: Any) -> dict[str, Any]:
     }
 
 
-def summary_lines(plan: Any, kernels: list[Any]) -> list[str]:
+def summary_lines(plan: Plan, kernels: list[TunedKernel]) -> list[str]:
     """The readable coverage summary ``ctbuild plan`` prints, plus its warnings."""
     lines = []
     for k in kernels:

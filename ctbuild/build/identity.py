@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..declare import TunedKernel
+from ..records import CompileMeta, RecordFormatError
 from ..signature_classes import Weakening
 from ..space import Config
 from ..specs import Workload, spec_from_json
@@ -60,33 +61,38 @@ def verify_identity(kernels: Iterable[TunedKernel], entries: Iterable[tuple[str,
     ``toolchain_fp``, and compare its TileIR digest with the recorded one."""
     by_name = {(k.module, k.name): k for k in kernels}
     report = IdentityReport()
-    for key, meta in entries:
-        kernel = by_name.get((meta.get("module"), meta.get("kernel")))
+    for key, stored in entries:
+        try:
+            meta = CompileMeta.from_json(stored)
+        except RecordFormatError:
+            report.foreign += 1
+            continue
+        kernel = by_name.get((meta.module or "", meta.kernel))
         if kernel is None:
             report.foreign += 1
             continue
-        if meta.get("toolchain") != toolchain_fp:
+        if meta.toolchain != toolchain_fp:
             report.other_toolchain += 1
             continue
-        if kernel.fingerprint != meta.get("kernel_fp") or "workload" not in meta:
+        if kernel.fingerprint != meta.kernel_fp or meta.workload is None:
             report.stale += 1
             continue
-        if not meta.get("tileir"):
+        if not meta.tileir or meta.config is None or meta.arch is None:
             report.unrecorded += 1
             continue
-        cfg = Config(meta["config"], kernel.name)
-        w = Workload({n: spec_from_json(v) for n, v in meta["workload"].items()})
-        job, signature = job_and_signature(kernel, cfg, w, meta["arch"], toolchain_fp,
-                                           Weakening.from_json(meta.get("weaken")))
+        cfg = Config(meta.config, kernel.name)
+        w = Workload({n: spec_from_json(v) for n, v in meta.workload.items()})
+        job, signature = job_and_signature(kernel, cfg, w, meta.arch, toolchain_fp,
+                                           Weakening.from_json(meta.weaken))
         if job.key != key:  # same sources, another key: a config/hint the key derives anew
             report.stale += 1
             continue
         start = time.perf_counter()
-        now = tileir(kernel, cfg, signature, meta["arch"]).digest
+        now = tileir(kernel, cfg, signature, meta.arch).digest
         report.frontend_seconds += time.perf_counter() - start
         report.checked += 1
-        if now != meta["tileir"]:
+        if now != meta.tileir:
             report.mismatches.append({"kernel": kernel.name, "module": kernel.module,
-                                      "config": cfg.to_json(), "arch": meta["arch"], "key": key,
-                                      "recorded": meta["tileir"], "now": now})
+                                      "config": cfg.to_json(), "arch": meta.arch, "key": key,
+                                      "recorded": meta.tileir, "now": now})
     return report

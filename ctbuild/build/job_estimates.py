@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..records import CompileMeta, RecordFormatError
+
+if TYPE_CHECKING:
+    from cache import Store
 
 #: Seconds assumed per unit of log2(tile volume) when nothing is recorded.
 SECONDS_PER_LOG2_VOLUME = 0.02
@@ -30,23 +35,26 @@ def tile_volume(config: dict[str, Any]) -> float:
     return volume
 
 
-def recorded_seconds(store: Any) -> dict[str, float]:
+def recorded_seconds(store: Store) -> dict[str, float]:
     """(kernel, arch, config) -> the newest compile seconds recorded in ``store``."""
     newest: dict[str, tuple[float, float]] = {}
     for _, entry in store.compile_entries():
-        secs, kernel, arch = entry.get("compile_seconds"), entry.get("kernel"), entry.get("arch")
-        config = entry.get("config")
-        if not isinstance(secs, (int, float)) or not isinstance(kernel, str) \
-                or not isinstance(arch, str) or not isinstance(config, dict):
+        try:
+            meta = CompileMeta.from_json(entry)
+        except RecordFormatError:
+            continue
+        secs, kernel, arch, config = meta.compile_seconds, meta.kernel, meta.arch, meta.config
+        if not isinstance(secs, (int, float)) or not isinstance(arch, str) \
+                or not isinstance(config, dict):
             continue
         ident = _identity(kernel, arch, config)
-        created = float(entry.get("created") or 0.0)
+        created = float(meta.created or 0.0)
         if ident not in newest or created >= newest[ident][0]:
             newest[ident] = (created, float(secs))
     return {ident: secs for ident, (_, secs) in newest.items()}
 
 
-def estimator(store: Any) -> Callable[[dict[str, Any]], float]:
+def estimator(store: Store) -> Callable[[dict[str, Any]], float]:
     """``estimate(job) -> seconds`` for planned jobs (dicts of `CompileJob.to_json`)."""
     known = recorded_seconds(store)
 

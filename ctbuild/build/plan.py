@@ -152,11 +152,12 @@ def make_plan(kernels: Sequence[TunedKernel], archs: Sequence[Arch], toolchain_f
                 cands = kernel.candidates(w, arch, cap)
                 by_class: dict[str, list[str]] = {c: [] for c in CLASSES}
 
+                # called only within this iteration, so the loop variables are the current ones
                 def add(cfg: Config, weakening: Weakening) -> None:
-                    job = job_and_signature(kernel, cfg, w, arch, toolchain_fp, weakening,
-                                            devices)[0]
+                    job = job_and_signature(kernel, cfg, w, arch,  # noqa: B023
+                                            toolchain_fp, weakening, devices)[0]
                     plan.jobs.setdefault(job.key, job)
-                    by_class[weakening.cls].append(job.key)
+                    by_class[weakening.cls].append(job.key)  # noqa: B023
 
                 for cfg in cands.kept:
                     add(cfg, EXACT_WEAKENING)

@@ -7,6 +7,7 @@ import math
 import sys
 from typing import Any, Callable
 
+from .. import settings
 from ..declare import DeclarationError
 from ..project import ConfigError, Project, load_project
 from ..toolchain import ToolchainError
@@ -58,8 +59,8 @@ def add_project_args(parser: argparse.ArgumentParser, *, archs: bool = True,
                                  "(default: the config's archs)")
     if cache:
         parser.add_argument("--cache", metavar="DIR",
-                            help="cache directory (default: $CTBUILD_CACHE_DIR, else the "
-                                 "config's cache_dir, else ./.ctbuild-cache)")
+                            help=f"cache directory (default: ${settings.CACHE_DIR_ENV}, else the "
+                                 f"config's cache_dir, else ./{settings.DEFAULT_CACHE_DIR})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .. import cutile, settings
 from ..project import ConfigError, load_project
 from ..toolchain import (
     ToolchainError,
@@ -44,21 +45,19 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
 def _gpu() -> dict[str, Any]:
     """GPU visibility through the CUDA driver, without torch (it may not be installed)."""
     try:
-        from cuda.tile._cext import get_compute_capability
-        major, minor = get_compute_capability(0)
-        return {"visible": True, "arch": f"sm_{major}{minor}"}
+        return {"visible": True, "arch": str(cutile.current_arch(0))}
     except Exception as exc:  # no libcuda, no device: both are normal on a build machine
         return {"visible": False, "reason": str(exc).splitlines()[0] if str(exc) else
                 type(exc).__name__}
 
 
 def _cache_dir(args: argparse.Namespace) -> Path:
-    if args.cache or os.environ.get("CTBUILD_CACHE_DIR"):
-        return Path(args.cache or os.environ["CTBUILD_CACHE_DIR"]).resolve()
+    """The cache to check: as `ctbuild.settings.cache_dir`, with the project's ``cache_dir``
+    when a config is found (and the default without one)."""
     try:
-        return load_project(args.config).cache_dir
+        return load_project(args.config, cache_dir=args.cache).cache_dir
     except ConfigError:
-        return Path(".ctbuild-cache").resolve()
+        return settings.cache_dir(args.cache).resolve()
 
 
 def _writable(path: Path) -> tuple[bool, str]:
@@ -76,7 +75,7 @@ def _serving_problems(cache: Path, report: dict[str, Any]) -> list[str]:
     if not report["gpu"]["visible"]:
         problems.append("no GPU visible: the runtime launches on CUDA devices")
     if not cache.is_dir():
-        return problems + [f"no cache at {cache}: mount it and set CTBUILD_CACHE_DIR"]
+        return problems + [f"no cache at {cache}: mount it and set {settings.CACHE_DIR_ENV}"]
     from cache import CacheError, Store
     try:
         with Store(cache) as store:

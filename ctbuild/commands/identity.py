@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from .. import settings
+from ..project import load_project
 from ..toolchain import probe
-from .common import fail, guarded, print_json, project_from_args
+from .common import fail, guarded, print_json
 
 
 def add_identity_args(cache_parser: argparse.ArgumentParser) -> None:
@@ -24,15 +25,13 @@ def add_identity_args(cache_parser: argparse.ArgumentParser) -> None:
 @guarded
 def run_identity(args: argparse.Namespace) -> int:
     from cache import Store
-    from cache.cli import cache_dir
 
     from ..build.identity import verify_identity
 
-    project = project_from_args(args)
-    args.config_cache_dir = str(project.cache_dir)
-    path = Path(cache_dir(args))
+    project = load_project(args.config, cache_dir=args.cache_dir)
+    path = project.cache_dir
     if not path.is_dir():
-        return fail(f"no cache at {path}: pass --cache DIR or set CTBUILD_CACHE_DIR")
+        return fail(f"no cache at {path}: pass --cache DIR or set {settings.CACHE_DIR_ENV}")
     kernels = project.kernels()
     with Store(path) as store:
         entries = list(store.compile_entries())

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
-from ..project import ConfigError
+from ..declare import TunedKernel
+from ..project import ConfigError, Project
+from ..records import MissRecord, RecordFormatError
 from ..specs import Workload, spec_from_json
 from .common import (
     add_project_args,
@@ -94,7 +96,7 @@ class RecordFileError(ValueError):
     """A --from-record file is unreadable or malformed."""
 
 
-def read_records(files: list[str], kernels: list[Any]
+def read_records(files: list[str], kernels: list[TunedKernel]
                  ) -> tuple[dict[str, list[Workload]], list[Arch]]:
     """Workloads per kernel name, and the archs, from runtime record files (deduplicated)."""
     by_name = {k.name: k for k in kernels}
@@ -111,29 +113,27 @@ def read_records(files: list[str], kernels: list[Any]
                 continue
             where = f"--from-record {file}:{n}"
             try:
-                obj = json.loads(line)
+                miss = MissRecord.from_json(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise RecordFileError(f"{where}: not JSON: {exc}") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("kernel"), str) \
-                    or not isinstance(obj.get("workload"), dict):
-                raise RecordFileError(f"{where}: expected an object with \"kernel\" (str), "
-                                      "\"workload\" (object) and \"arch\"")
-            kernel = by_name.get(obj["kernel"])
+            except RecordFormatError as exc:
+                raise RecordFileError(f"{where}: {exc}") from None
+            kernel = by_name.get(miss.kernel)
             if kernel is None:
-                raise RecordFileError(f"{where}: no kernel named {obj['kernel']!r} in this "
+                raise RecordFileError(f"{where}: no kernel named {miss.kernel!r} in this "
                                       f"project (kernels: {', '.join(sorted(by_name))})")
-            if set(obj["workload"]) != set(kernel.params):
-                raise RecordFileError(f"{where}: workload arguments {sorted(obj['workload'])} "
+            if set(miss.workload) != set(kernel.params):
+                raise RecordFileError(f"{where}: workload arguments {sorted(miss.workload)} "
                                       f"do not match {kernel.name}'s "
                                       f"({', '.join(kernel.params)})")
             try:
-                w = Workload({p: spec_from_json(obj["workload"][p]) for p in kernel.params})
-                arch = Arch(obj["arch"]) if obj.get("arch") is not None else None
+                w = Workload({p: spec_from_json(miss.workload[p]) for p in kernel.params})
+                arch = Arch(miss.arch) if miss.arch is not None else None
             except (TypeError, ValueError, KeyError) as exc:
                 raise RecordFileError(f"{where}: {type(exc).__name__}: {exc}") from None
             if arch is not None and arch not in archs:
                 archs.append(arch)
-            ident = json.dumps([kernel.name, obj["workload"]], sort_keys=True)
+            ident = json.dumps([kernel.name, miss.workload], sort_keys=True)
             if ident not in seen:
                 seen.add(ident)
                 extra.setdefault(kernel.name, []).append(w)
@@ -196,7 +196,7 @@ def _cache_is_cold(cache_dir: Path) -> bool:
         return False
 
 
-def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
+def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel],
            extra: dict[str, list[Workload]], record_archs: list[Arch], farm: Any, stream: Any,
            out: Any, report: Path | None, started: float) -> int:
     """Probe, plan, compile on ``farm``; the summary goes to ``out`` (the real stdout)."""
@@ -264,7 +264,7 @@ def _build(args: argparse.Namespace, project: Any, kernels: list[Any],
     return 0
 
 
-def _make_farm(args: argparse.Namespace, project: Any) -> Any:
+def _make_farm(args: argparse.Namespace, project: Project) -> Any:
     """The farm for this build (not started): where it runs, what workers import and strip."""
     import cache as cache_pkg
     import ctbuild
@@ -279,7 +279,7 @@ def _make_farm(args: argparse.Namespace, project: Any) -> Any:
     ship: list[str] = []
     if address is not None:  # ship our packages and the kernel modules to the cluster
         try:
-            ship = [str(Path(m.__file__).parent) for m in (ctbuild, farm_pkg, cache_pkg)]
+            ship = [str(Path(str(m.__file__)).parent) for m in (ctbuild, farm_pkg, cache_pkg)]
             ship += module_paths(project.modules, paths)
         except FarmError as exc:
             raise ConfigError(str(exc)) from None

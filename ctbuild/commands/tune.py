@@ -78,9 +78,10 @@ def _line(s: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from cache import Store
 
+    from ..toolchain import toolchain_for
     from ..tune.recorded import recorded_workloads
     from ..tune.session import TuneOptions, entries_for, run_isolated, tune_entries
-    from ..tune.tuner import current_device, toolchain_for
+    from ..tune.tuner import current_device
 
     project = project_from_args(args)
     kernels = project.kernels()

@@ -12,9 +12,12 @@ alignment of its base pointer), used to key and record online tuning of real cal
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..specs import DTYPE_BITS, Scalar, Tensor, Workload, dtype_name
+
+if TYPE_CHECKING:
+    from ..declare import TunedKernel
 
 #: torch dtype attribute per cuTile dtype name.
 _TORCH_DTYPES = {"bool": "bool", "uint8": "uint8", "int8": "int8", "uint16": "uint16",
@@ -71,7 +74,7 @@ def _fill(t: Any, dtype: str, generator: Any) -> None:
         t.copy_(torch.randint(0, 8, t.shape, device=t.device, generator=generator))
 
 
-def make_inputs(tuned: Any, w: Mapping[str, Any], device: Any = "cuda", seed: int = 0
+def make_inputs(tuned: TunedKernel, w: Mapping[str, Any], device: Any = "cuda", seed: int = 0
                 ) -> Workload:
     """Real call arguments for a workload spec: random data unless ``tuned.inputs`` decides."""
     import torch

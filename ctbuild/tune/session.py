@@ -17,15 +17,20 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..arch import Arch
 from ..build.compile_pool import CompilePool
 from ..build.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
+from ..records import TuningRecord, stored_tuning
 from ..specs import Workload, describe
+from ..toolchain import toolchain_for
 from .recorded import recorded_workloads
-from .tuner import Device, context_ok, current_device, record_key, toolchain_for, tune_workload
+from .tuner import Device, context_ok, current_device, record_key, tune_workload
+
+if TYPE_CHECKING:
+    from cache import Store
 
 log = logging.getLogger("ctbuild")
 
@@ -45,7 +50,7 @@ def entries_for(kernels: Sequence[TunedKernel], only: Sequence[str] = (),
                 extra: Mapping[str, Sequence[Workload]] | None = None) -> list[Entry]:
     """Every declared workload (a dynamic one per bucket), then the ``extra`` ones (recorded
     at run time, see `ctbuild.tune.recorded`)."""
-    out = []
+    out: list[Entry] = []
     for k in kernels:
         if only and k.name not in only:
             continue
@@ -54,7 +59,7 @@ def entries_for(kernels: Sequence[TunedKernel], only: Sequence[str] = (),
     return out
 
 
-def summarize(entry: Entry, status: str, record: dict[str, Any] | None, rkey: str,
+def summarize(entry: Entry, status: str, record: TuningRecord | None, rkey: str,
               note: str = "") -> dict[str, Any]:
     """The CLI's per-entry line (and ``--json`` item); the full record rides along."""
     s: dict[str, Any] = {"entry": entry.index, "kernel": entry.kernel.name,
@@ -62,19 +67,17 @@ def summarize(entry: Entry, status: str, record: dict[str, Any] | None, rkey: st
                          "status": status}
     if note:
         s["note"] = note
-    if record:
-        dflt = record.get("default", {})
+    if record is not None:
         s.update({
-            "winner": record.get("config"), "mean_us": record.get("mean_us"),
-            "ci_us": record.get("ci_us"), "default": dflt.get("config"),
-            "default_us": dflt.get("mean_us"),
-            "speedup_vs_default": (dflt["mean_us"] / record["mean_us"]
-                                   if dflt.get("mean_us") and record.get("mean_us") else None),
-            "measured": len(record.get("candidates", [])),
-            "failures": record.get("failures", []),
-            "compiled_during_tune": record.get("compiled_during_tune", 0),
-            "compiles_during_measurement": record.get("compiles_during_measurement", 0),
-            "seconds": record.get("seconds"), "record": record})
+            "winner": record.config, "mean_us": record.mean_us,
+            "ci_us": record.ci_us, "default": record.default_config,
+            "default_us": record.default_mean_us,
+            "speedup_vs_default": record.speedup_vs_default,
+            "measured": len(record.candidates),
+            "failures": record.failures,
+            "compiled_during_tune": record.compiled_during_tune,
+            "compiles_during_measurement": record.compiles_during_measurement,
+            "seconds": record.seconds, "record": record.to_json()})
     return s
 
 
@@ -88,7 +91,7 @@ class TuneOptions:
     workers: int | None = None
 
 
-def tune_entries(entries: Sequence[Entry], store: Any, opts: TuneOptions, *,
+def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
                  device: Device | None = None, toolchain_fp: str | None = None,
                  exclude: Mapping[int, Mapping[str, str]] | None = None,
                  emit: Callable[[dict[str, Any]], None] | None = None,
@@ -105,7 +108,7 @@ def tune_entries(entries: Sequence[Entry], store: Any, opts: TuneOptions, *,
     todo: list[Entry] = []
     for e in entries:
         rkey = record_key(e.kernel, e.workload, device, fp)
-        existing = None if opts.retune else store.get_tuning(rkey)
+        existing = None if opts.retune else stored_tuning(store, rkey)
         if existing is not None:
             s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
             out.append(s)
@@ -129,11 +132,12 @@ def tune_entries(entries: Sequence[Entry], store: Any, opts: TuneOptions, *,
                                                     "config": cfg.to_json()})) \
                 if on_event else None
             try:
-                record = tune_workload(e.kernel, e.workload, store=store, toolchain_fp=fp,
-                                       device=device, cap=opts.cap, timeout_s=opts.timeout_s,
-                                       exclude=(exclude or {}).get(e.index), pool=pool,
-                                       on_candidate=cb, **workload_kwargs)
-                status = "tuned" if record["config"] is not None else "failed"
+                record = TuningRecord.from_json(tune_workload(
+                    e.kernel, e.workload, store=store, toolchain_fp=fp, device=device,
+                    cap=opts.cap, timeout_s=opts.timeout_s,
+                    exclude=(exclude or {}).get(e.index), pool=pool, on_candidate=cb,
+                    **workload_kwargs))
+                status = "tuned" if record.config is not None else "failed"
                 s = summarize(e, status, record, rkey,
                               "" if status == "tuned" else "no candidate could be measured")
             except Exception as exc:  # noqa: BLE001 - one entry's error never stops the run
@@ -211,7 +215,7 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
             if not remaining:
                 break
             restarts += 1
-            why = ("stalled (killed after %.0f s)" % per_entry if stalled
+            why = (f"stalled (killed after {per_entry:.0f} s)" if stalled
                    else f"tuning process died (exit {proc.returncode})")
             culprit = current if current is not None else remaining[0]
             if last_cfg is not None and restarts <= max_restarts:

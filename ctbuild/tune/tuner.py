@@ -23,21 +23,27 @@ import logging
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
+from .. import cutile
 from ..arch import Arch
 from ..build.compile_pool import CompilePool
 from ..build.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
 from ..device_table import cuda_device, nominal_device
 from ..keys import kernel_record_key
+from ..records import TuningRecord
 from ..space import Config
 from ..specs import Workload, spec_to_json
+from ..toolchain import toolchain_for
 from .inputs import has_specs, make_inputs, specs_of
 
-log = logging.getLogger("ctbuild")
+if TYPE_CHECKING:
+    from cache import Store
 
-RECORD_FORMAT = 1
+    from ..serve.served_kernel import ServedKernel
+
+log = logging.getLogger("ctbuild")
 
 
 # ---- identity of the GPU and toolchain ------------------------------------------------------
@@ -59,13 +65,13 @@ def current_device(index: int | None = None) -> Device:
         raise RuntimeError("ctbuild tune needs a CUDA GPU; none is visible to torch")
     dev = torch.cuda.current_device() if index is None else index
     major, minor = torch.cuda.get_device_capability(dev)
-    return Device(dev, f"sm_{major}{minor}", torch.cuda.get_device_name(dev), driver_version())
+    return Device(dev, str(Arch.from_capability(major, minor)), torch.cuda.get_device_name(dev),
+                  driver_version())
 
 
 def driver_version() -> str:
     try:
-        from cuda.tile._cext import get_driver_version  # type: ignore[attr-defined]
-        v = int(get_driver_version())
+        v = cutile.driver_version()
         return f"{v // 1000}.{(v % 1000) // 10}"
     except Exception:
         pass
@@ -77,13 +83,6 @@ def driver_version() -> str:
         return "unknown"
 
 
-def toolchain_for(store: Any) -> str:
-    """The build's toolchain fingerprint recorded in the cache, else the local compiler's."""
-    from ..toolchain import probe, select_recorded
-    fp = select_recorded(store.toolchains())
-    return fp if fp else probe().fingerprint
-
-
 def record_key(tuned: TunedKernel, w: Mapping[str, Any], device: Device, toolchain_fp: str
                ) -> str:
     return kernel_record_key(tuned, Workload(dict(w)), device.arch, device.name, toolchain_fp)
@@ -91,8 +90,9 @@ def record_key(tuned: TunedKernel, w: Mapping[str, Any], device: Device, toolcha
 
 # ---- counting compiles -------------------------------------------------------------------
 class CompileCounter:
-    """Counts in-process tileiras runs (``cuda.tile._compile.compile_tile``) while active,
-    plus `STATS.jit_compiles` of served kernels."""
+    """Counts cuTile compiles of this thread while active (`cutile.compiles_in_this_thread`:
+    a compile in another thread of the process is not this tuning's), plus `STATS.jit_compiles`
+    of served kernels."""
 
     def __init__(self) -> None:
         self.tileiras = 0
@@ -100,22 +100,14 @@ class CompileCounter:
         self.jit = 0
 
     @contextlib.contextmanager
-    def active(self) -> Iterator["CompileCounter"]:
-        import cuda.tile._compile as cc
-
+    def active(self) -> Iterator[CompileCounter]:
         from ..serve.served_kernel import STATS
-        original = cc.compile_tile
-
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            self.tileiras += 1
-            return original(*args, **kwargs)
-
-        cc.compile_tile = counting
+        tileiras0 = cutile.compiles_in_this_thread()
         self._jit0 = STATS.jit_compiles
         try:
             yield self
         finally:
-            cc.compile_tile = original
+            self.tileiras += cutile.compiles_in_this_thread() - tileiras0
             self.jit += STATS.jit_compiles - self._jit0
 
     @property
@@ -146,17 +138,17 @@ class InPlace:
 
 # ---- one kernel x workload -----------------------------------------------------------------
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
+def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | None,
                   toolchain_fp: str | None = None, device: Device | None = None,
                   cap: int = DEFAULT_CAP, timeout_s: float | None = 10.0,
                   configs: Sequence[Config] | None = None, exclude: Mapping[str, str] | None = None,
                   pool: CompilePool | None = None, write: bool = True, seed: int = 0,
                   on_candidate: Callable[[Config], None] | None = None,
                   stream: Any = None, input_device: Any = None,
-                  served: Callable[[Config], Any] | None = None) -> dict[str, Any]:
+                  served: Callable[[Config], ServedKernel] | None = None) -> dict[str, Any]:
     """Tune one kernel x workload on this GPU from cached CUBINs; return (and store) the record.
 
     Args:
@@ -182,8 +174,9 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
             miss policy; then no candidate is reported missing. ``store`` may then be None
             (nothing is read from or written to it).
 
-    Returns the record (see the module doc); ``record["config"]`` is None when no candidate
-    could be measured, and such a record is not written.
+    Returns the record as stored (`ctbuild.records.TuningRecord.to_json`; read it back with
+    ``TuningRecord.from_json``); its ``config`` is None when no candidate could be measured,
+    and such a record is not written.
     """
     import cuda.tile as ct
     import torch
@@ -216,7 +209,9 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         else:
             measurable.append(cfg)
 
-    missing = [] if served is not None else [
+    if served is None and store is None:
+        raise ValueError("tune_workload needs a store to read CUBINs from, or served=")
+    missing = [] if served is not None or store is None else [
         c for c in measurable if not store.has_compile(keys[c])]
     compiled: list[str] = []
     if pool is not None:
@@ -244,11 +239,11 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         tuned, spec, input_device or f"cuda:{device.index}", seed)
     inplace = InPlace(tuned, inputs)
     source = CubinSource(store, fp)
-    kernels: dict[Config, Any] = {}
+    kernels: dict[Config, ServedKernel] = {}
 
     last: list[Config | None] = [None]
 
-    def kernel_for(cfg: Config) -> Any:
+    def kernel_for(cfg: Config) -> ServedKernel:
         if cfg not in kernels:
             kernels[cfg] = served(cfg) if served is not None else ServedKernel(tuned, cfg, source)
         return kernels[cfg]
@@ -269,7 +264,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
         def __len__(self) -> int:
             return self.n
 
-        def __getitem__(self, i: int) -> Config:  # pragma: no cover - not used by the tuner
+        def __getitem__(self, i: int) -> Config:  # type: ignore[override]  # never used
             raise IndexError(i)
 
         def __iter__(self) -> Iterator[Config]:
@@ -321,35 +316,34 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Any,
     measurements = sorted(result.successes, key=lambda m: m.mean_us) if result else []
     by_cfg = {m.config: m for m in measurements}
     dflt = by_cfg.get(default)
-    record: dict[str, Any] = {
-        "format": RECORD_FORMAT,
-        "kernel": tuned.name,
-        "module": tuned.module,
-        "kernel_fp": tuned.fingerprint,
-        "arch": device.arch,
-        "gpu": device.name,
-        "driver": device.driver,
-        "toolchain": fp,
-        "tuning_key": tuned.tuning_key(spec),
-        "workload": {n: spec_to_json(v) for n, v in spec.items()},
-        "config": winner.to_json() if winner is not None else None,
-        "compile_key": keys.get(winner) if winner is not None else None,
-        "mean_us": result.best.mean_us if result else None,
-        "ci_us": result.best.error_margin_us if result else None,
-        "default": {"config": default.to_json(), "mean_us": dflt.mean_us if dflt else None,
-                    "ci_us": dflt.error_margin_us if dflt else None},
-        "candidates": [{"config": m.config.to_json(), "mean_us": m.mean_us,
-                        "ci_us": m.error_margin_us, "samples": m.num_samples}
-                       for m in measurements],
-        "failures": failures,
-        "space": {"total": cands.total, "pruned": len(cands.pruned), "kept": len(space)},
-        "compiled_during_tune": len(compiled),
-        "compiles_during_measurement": counter.total,
-        "measure_seconds": round(measure_s, 3),
-        "seconds": round(time.perf_counter() - started, 3),
-        "source": "online" if real else "workload",
-        "tuned_at": _now(),
-    }
+    record = TuningRecord(
+        kernel=tuned.name,
+        module=tuned.module,
+        kernel_fp=tuned.fingerprint,
+        arch=device.arch,
+        gpu=device.name,
+        driver=device.driver,
+        toolchain=fp,
+        tuning_key=tuned.tuning_key(spec),
+        workload={n: spec_to_json(v) for n, v in spec.items()},
+        config=winner.to_json() if winner is not None else None,
+        compile_key=keys.get(winner) if winner is not None else None,
+        mean_us=result.best.mean_us if result else None,
+        ci_us=result.best.error_margin_us if result else None,
+        default={"config": default.to_json(), "mean_us": dflt.mean_us if dflt else None,
+                 "ci_us": dflt.error_margin_us if dflt else None},
+        candidates=[{"config": m.config.to_json(), "mean_us": m.mean_us,
+                     "ci_us": m.error_margin_us, "samples": m.num_samples}
+                    for m in measurements],
+        failures=failures,
+        space={"total": cands.total, "pruned": len(cands.pruned), "kept": len(space)},
+        compiled_during_tune=len(compiled),
+        compiles_during_measurement=counter.total,
+        measure_seconds=round(measure_s, 3),
+        seconds=round(time.perf_counter() - started, 3),
+        source="online" if real else "workload",
+        tuned_at=_now(),
+    ).to_json()
     if write and winner is not None and store is not None:
         store.put_tuning(record_key(tuned, spec, device, fp), record)
     return record
