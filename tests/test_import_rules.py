@@ -28,7 +28,7 @@ NOT_CORE = {"ctbuild", "ctbuild.__main__", "ctbuild.cli", "ctbuild.runtime"}
 #: (importer, imported) pairs allowed inside a function only, each for one reason.
 ALLOWED_LAZY = {
     # CTBUILD_MODE=tune: a miss tunes online with the `ctbuild tune` engine
-    ("ctbuild.serve.kernel_runtime", "ctbuild.tune.tuner"),
+    ("ctbuild.serve.online_tune", "ctbuild.tune.tuner"),
     # a declared kernel creates its runtime on its first call
     ("ctbuild.declare", "ctbuild.serve.kernel_runtime"),
     # imported before a project's paths can shadow it (a project module named `build`...)

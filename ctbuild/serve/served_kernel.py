@@ -11,14 +11,19 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import cuda.tile as ct
 
 from ..keys import kernel_compile_key
 from ..signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weaken
 from ..space import Config
+from .kernel_store import KernelStore
+
+if TYPE_CHECKING:
+    from ..declare import TunedKernel
 
 log = logging.getLogger("ctbuild")
 
@@ -74,24 +79,24 @@ STATS = ServeStats()
 LAST_SERVED = threading.local()
 
 #: Called on a CUBIN miss with (served kernel, signature, context, arch); returns
-#: (cubin, symbol) to launch, or raises. The runtime's miss policy plugs in here.
+#: (cubin, symbol) to launch, or raises: `MissPolicy.on_launch_miss` of the runtime context.
 MissHandler = Callable[["ServedKernel", Any, Any, str], tuple[bytes, str]]
 
 
 @dataclass
 class CubinSource:
     """Where served kernels get CUBINs: a cache store under one toolchain fingerprint."""
-    store: Any
+    store: KernelStore | None
     toolchain_fp: str | None
     on_miss: MissHandler | None = None
 
-    def key_for(self, tuned: Any, cfg: Config, signature: Any, arch: str) -> str:
+    def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str) -> str:
         """The compile key of the exact CUBIN for ``signature``."""
         return kernel_compile_key(tuned, cfg, weaken(signature, EXACT_WEAKENING,
                                                      tuned.pyfunc.__name__),
                                   arch, self.toolchain_fp or "")
 
-    def candidates(self, tuned: Any, cfg: Config, signature: Any, arch: str
+    def candidates(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                    ) -> list[tuple[Weakening, Any, str]]:
         """(weakening, weakened signature, compile key) to try for a call, most specialised
         first: exact, relaxed under each declared dynamic pattern, generic."""
@@ -103,7 +108,7 @@ class CubinSource:
                                                            self.toolchain_fp or "")))
         return out
 
-    def covering(self, tuned: Any, cfg: Config, signature: Any, arch: str
+    def covering(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                  ) -> tuple[str, str] | None:
         """(class, compile key) of the most specialised cached CUBIN serving this call."""
         if self.toolchain_fp is None or self.store is None:
@@ -113,13 +118,13 @@ class CubinSource:
                 return weakening.cls, key
         return None
 
-    def lookup(self, tuned: Any, cfg: Config, signature: Any, arch: str
+    def lookup(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                ) -> tuple[bytes, str] | None:
         """(cubin, symbol) of the most specialised cached CUBIN serving this launch, or None."""
         found = self.lookup_class(tuned, cfg, signature, arch)
         return None if found is None else found[:2]
 
-    def lookup_class(self, tuned: Any, cfg: Config, signature: Any, arch: str
+    def lookup_class(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                      ) -> tuple[bytes, str, str] | None:
         """(cubin, symbol, class) of the most specialised cached CUBIN serving this launch, or
         None. Never returns a corrupt or foreign one."""
@@ -144,10 +149,10 @@ class ServedKernel(ct.kernel):
     object, so later launches cost only the dispatcher's signature check.
     """
 
-    def __new__(cls, tuned: Any, cfg: Config, source: CubinSource) -> "ServedKernel":
+    def __new__(cls, tuned: TunedKernel, cfg: Config, source: CubinSource) -> ServedKernel:
         return ct.kernel.__new__(cls, tuned.pyfunc)
 
-    def __init__(self, tuned: Any, cfg: Config, source: CubinSource) -> None:
+    def __init__(self, tuned: TunedKernel, cfg: Config, source: CubinSource) -> None:
         options = tuned.compiler_options(cfg)
         super().__init__(tuned.pyfunc, num_ctas=options.num_ctas, occupancy=options.occupancy,
                          opt_level=options.opt_level, num_worker_warps=options.num_worker_warps)
@@ -197,7 +202,7 @@ class ServedKernel(ct.kernel):
                                "which ctbuild cannot serve from its cache yet")
         return cubin, symbol
 
-    def replace_hints(self, **hints: Any) -> "ServedKernel":
+    def replace_hints(self, **hints: Any) -> ServedKernel:
         """cuTile's tuner calls this for every config; keep serving from the cache."""
         if not hints:
             return self
