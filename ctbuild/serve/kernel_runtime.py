@@ -67,16 +67,23 @@ class KernelRuntime:
         return f"<KernelRuntime {self.name} mode={self.ctx.mode} entries={len(self._entries)}>"
 
     def call(self, args: tuple, kwargs: dict) -> None:
-        """``kernel(*args, **kwargs)`` on the current torch stream of the tensors' device."""
-        self.launch(None, args, kwargs)
-
-    def launch(self, stream: Any, args: tuple, kwargs: dict) -> None:
-        """``kernel.launch(stream, *args, **kwargs)``; stream None: the current torch stream."""
+        """``kernel(*args, **kwargs)`` on the current torch stream of the tensors' device (the
+        lookup of `launch`, spelled out: one Python call less on the hot path)."""
         if kwargs:
             args = self._positional(args, kwargs)
         try:
             entry = self._fast[self._key(*args)]
         except Exception:  # a new layout (KeyError) or other argument kinds: the slow path
+            return self._first_call(None, args)
+        self._launch(entry, None, args)
+
+    def launch(self, stream: Any, args: tuple, kwargs: dict) -> None:
+        """``kernel.launch(stream, *args, **kwargs)`` on an explicit stream."""
+        if kwargs:
+            args = self._positional(args, kwargs)
+        try:
+            entry = self._fast[self._key(*args)]
+        except Exception:
             return self._first_call(stream, args)
         self._launch(entry, stream, args)
 
@@ -84,9 +91,9 @@ class KernelRuntime:
         """The one launch routine: zero the ``reset_to_zero`` arguments, pick the stream,
         build the kernel arguments, launch; an error names the kernel."""
         entry.calls += 1
-        if entry.zero:
-            zero_args(stream, args, entry.zero)
         try:
+            if entry.zero:
+                zero_args(stream, args, entry.zero)
             tail = entry.tail
             ct.launch(self._stream_of(entry.device) if stream is None else stream, entry.grid,
                       entry.kernel, args + tail if tail is not None else entry.build(args))
