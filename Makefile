@@ -20,9 +20,8 @@ plan: $(STAMP)
 test: $(STAMP)  ## the whole CPU suite (GPU tests skip without a GPU)
 	$(VENV)/bin/python -m pytest -q
 
-# The packages `make lint` checks with ruff and type-checks with mypy. ctbuild joins when its
-# findings are fixed: LINT_PACKAGES := ctbuild farm cache (or `make lint LINT_PACKAGES=...`).
-LINT_PACKAGES ?= farm cache
+# The packages `make lint` type-checks with mypy (ruff also checks tests, benchmarks, examples).
+LINT_PACKAGES ?= ctbuild farm cache
 
 lint: $(STAMP)  ## ruff (style, imports, likely bugs) on the code and mypy on the packages
 	$(VENV)/bin/ruff check $(LINT_PACKAGES) tests benchmarks examples docs

@@ -18,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from cache import Store
+    from pathlib import Path
+
 
 log = logging.getLogger("ctbuild")
 
@@ -195,7 +196,17 @@ class MissRecord:
         return cls(obj["kernel"], obj["workload"], obj.get("arch"), format=version)
 
 
-def stored_tuning(store: Store, key: str) -> TuningRecord | None:
+class TuningSource(Protocol):
+    """What reading a tuning record needs of a cache (`cache.Store` and the serve phase's
+    `KernelStore` both are one)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def get_tuning(self, key: str) -> dict[str, Any] | None: ...
+
+
+def stored_tuning(store: TuningSource, key: str) -> TuningRecord | None:
     """The tuning record under ``key``, or None when there is none or it is not one this ctbuild
     reads (a miss, logged, like every storage error)."""
     raw = store.get_tuning(key)

@@ -82,7 +82,7 @@ def test_read_only_cache_serves_lookups(store: Store) -> None:
     assert res.config == cfg and res.config_from == "cache" and res.cubin_from == "cache"
     assert ctx.source.lookup(tuned, cfg, sig, "sm_90") == (b"\x7fELF cubin", sig.symbol)
     # a JIT result is never written to a read-only cache
-    assert ctx.write_back(tuned, cfg, "z" * 32, b"x", sig.symbol, "sm_90") is False
+    assert ctx.write_back.put(tuned, cfg, "z" * 32, b"x", sig.symbol, "sm_90") is False
 
 
 def test_sixteen_threads_build_one_served_kernel_per_config(store: Store) -> None:
@@ -110,7 +110,7 @@ def test_sixteen_threads_build_one_served_kernel_per_config(store: Store) -> Non
     for t in threads:
         t.join()
     assert not errors, errors
-    assert len(rt._served) == len(configs)
+    assert len(rt.resolver.served) == len(configs)
     for cfg in configs:
         objs = {id(k) for g in got for k in g if k.config == cfg}
         assert len(objs) <= 1
@@ -160,19 +160,20 @@ def test_warm_path_imports_neither_ray_nor_farm(tmp_path: Path) -> None:
 def test_import_fails_loudly_on_another_cutile(monkeypatch: pytest.MonkeyPatch) -> None:
     import cuda.tile as ct
 
-    from ctbuild.serve.served_kernel import UnsupportedCuTileError, check_cutile
+    from ctbuild.cutile import UnsupportedCuTileError, check
     monkeypatch.setattr(ct, "__version__", "1.8.0")
     with pytest.raises(UnsupportedCuTileError, match="1.7.0"):
-        check_cutile()
+        check()
 
 
 def test_hot_path_skips_the_slow_path(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first call of a layout, calls cost a key + dict lookup + ct.launch: no lock,
     no resolution (the launch and the device are stubbed: this runs on a CPU)."""
     import ctbuild.serve.kernel_runtime as rtmod
+    from ctbuild.serve.resolve import Resolver
     launches = []
     monkeypatch.setattr(rtmod.ct, "launch", lambda *a: launches.append(a))
-    monkeypatch.setattr(rtmod.KernelRuntime, "_device_for", lambda self, w: 0)
+    monkeypatch.setattr(Resolver, "_device_for", lambda self, w: 0)
     ctx = runtime.configure(store=store, mode="default", disable_autotune=True)
     monkeypatch.setattr(ctx, "device_info", lambda d: ("sm_90", GPU))
     tuned = KERNELS["rmsnorm"]

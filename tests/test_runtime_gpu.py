@@ -265,4 +265,4 @@ def test_sixteen_threads_first_calls(warm_cache: Path) -> None:
     for args, expected in cases:
         check("silu_mul", args, expected)
     configs = {json.dumps(e["config"], sort_keys=True) for e in silu.runtime.provenance()["entries"]}
-    assert len(silu.runtime._served) == len(configs)
+    assert len(silu.runtime.resolver.served) == len(configs)

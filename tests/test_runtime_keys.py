@@ -27,8 +27,9 @@ def test_tuning_key_and_signature_parity(name: str, index: int) -> None:
     real_w = tuned.bind(*args)
     # the tuning key (and so the record key) of real tensors equals the spec's
     assert tuned.tuning_key(real_w) == tuned.tuning_key(spec_w)
-    rk = lambda w: tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuned.tuning_key(w),
-                                     arch="sm_90", gpu="NVIDIA H100 80GB HBM3", toolchain_fp="tc")
+    def rk(w):
+        return tuning_record_key(kernel_fp=tuned.fingerprint, tuning_key=tuned.tuning_key(w),
+                                 arch="sm_90", gpu="NVIDIA H100 80GB HBM3", toolchain_fp="tc")
     assert rk(real_w) == rk(spec_w)
     # the spec built from the real tensors equals the declared one (alignment aside) ...
     live = workload_spec(tuned, real_w)

@@ -10,25 +10,36 @@
 ``CTBUILD_DISABLE_AUTOTUNE=1`` always uses the default config (tuning records are not read).
 Every miss is counted and logged once per key; ``CTBUILD_RECORD=FILE`` appends each distinct
 missed (kernel, workload, arch) as a JSON line for ``ctbuild precompile --from-record FILE``.
+
+This is the only module that tests the mode. `MissPolicy` decides a tuning miss, a CUBIN miss
+found while resolving a call, and a CUBIN miss inside a launch: cuTile's dispatcher calls
+`ServedKernel._compile`, which calls `MissPolicy.on_launch_miss` directly.
+`serve_without_toolchain` decides what a cache whose toolchain cannot be told does.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import threading
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..specs import spec_to_json
+from .. import settings
+from ..space import Config
+from .misses import MissLog, cubin_miss_message, tuning_miss_message
+from .served_kernel import LAST_SERVED, ServedKernel
+from .write_back import WriteBack
+
+if TYPE_CHECKING:
+    from ..declare import TunedKernel
 
 log = logging.getLogger("ctbuild.runtime")
 
 MODES = ("strict", "default", "tune")
 DEFAULT_MODE = "default"
-TRUE_WORDS = ("1", "true", "yes", "on")
 
 
 class RuntimeConfigError(ValueError):
@@ -52,10 +63,6 @@ def parse_mode(value: str | None) -> str:
     return mode
 
 
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in TRUE_WORDS
-
-
 @dataclass
 class Settings:
     """Runtime settings, from the environment unless given."""
@@ -65,157 +72,113 @@ class Settings:
     record: Path | None = None
 
     @classmethod
-    def from_env(cls) -> "Settings":
-        record = os.environ.get("CTBUILD_RECORD")
-        return cls(cache_dir=Path(os.environ.get("CTBUILD_CACHE_DIR") or ".ctbuild-cache"),
-                   mode=parse_mode(os.environ.get("CTBUILD_MODE")),
-                   disable_autotune=env_flag("CTBUILD_DISABLE_AUTOTUNE"),
-                   record=Path(record) if record else None)
+    def from_env(cls) -> Settings:
+        return cls(cache_dir=settings.cache_dir(),
+                   mode=parse_mode(settings.env(settings.MODE_ENV)),
+                   disable_autotune=settings.env_flag(settings.DISABLE_AUTOTUNE_ENV),
+                   record=settings.record_file())
 
 
-#: Cache directories a read failed on (damaged index or value file) -> what failed; filled by the
-#: runtime context from its store, read by the miss messages so strict mode says why it missed.
-_DAMAGED: dict[Path, str] = {}
-
-
-def note_damage(cache_dir: Path, detail: str | None) -> None:
-    """Record (``detail``) or forget (None: a fresh context) that a cache is damaged."""
-    if detail is None:
-        _DAMAGED.pop(Path(cache_dir), None)
-    else:
-        _DAMAGED[Path(cache_dir)] = detail
-
-
-def damage_note(cache_dir: Path) -> str:
-    """A closing line saying the cache is damaged and how to repair it ('' when it is not)."""
-    detail = _DAMAGED.get(Path(cache_dir))
-    if detail is None:
-        return ""
-    return (f"\n  The cache is DAMAGED ({detail}): that is why this lookup missed. Repair it with "
-            f"`ctbuild cache verify --repair --cache {cache_dir}`, then `ctbuild precompile` rebuilds "
-            "what was lost.")
-
-
-def _short(text: str, n: int = 16) -> str:
-    return text if len(text) <= n else text[:n]
-
-
-def tuning_miss_message(*, kernel: str, module: str, tuning_key: Any, arch: str, gpu: str,
-                        key: str, toolchain_fp: str | None, cache_dir: Path,
-                        workload: dict[str, Any]) -> str:
-    where = (f"toolchain {_short(toolchain_fp)}" if toolchain_fp else
-             "no toolchain recorded in the cache for this cuda-tile version and env")
-    return (
-        f"ctbuild: no tuning record for kernel {kernel!r} ({module}) on {arch} ({gpu}): "
-        f"tuning key {json.dumps(tuning_key)}, record key {key}, {where}, cache {cache_dir}.\n"
-        f"  workload: {json.dumps(workload)}\n"
-        f"  Fix: add this workload to the kernel's workloads=[...] (or record misses with "
-        f"CTBUILD_RECORD=misses.jsonl and use `ctbuild precompile --from-record misses.jsonl "
-        f"--arch {arch}`), then run `ctbuild precompile --config ctbuild.toml --arch {arch}` "
-        f"and `ctbuild tune --config ctbuild.toml` on a {gpu} with CTBUILD_CACHE_DIR="
-        f"{cache_dir}.\n"
-        f"  Or set CTBUILD_MODE=default (default config, JIT) or CTBUILD_MODE=tune (tune online)."
-        + damage_note(cache_dir))
-
-
-def cubin_miss_message(*, kernel: str, module: str, config: Any, arch: str, key: str,
-                       toolchain_fp: str | None, cache_dir: Path, workload: dict[str, Any] | None,
-                       why: str = "") -> str:
-    where = (f"toolchain {_short(toolchain_fp)}" if toolchain_fp else
-             "no toolchain recorded in the cache for this cuda-tile version and env")
-    shown = f"\n  workload: {json.dumps(workload)}" if workload is not None else ""
-    return (
-        f"ctbuild: no CUBIN in the cache for kernel {kernel!r} ({module}) config "
-        f"{json.dumps(config)} on {arch}: compile key {key}, {where}, cache {cache_dir}"
-        f"{' (' + why + ')' if why else ''}.{shown}\n"
-        f"  Fix: `ctbuild precompile --config ctbuild.toml --arch {arch}` with CTBUILD_CACHE_DIR="
-        f"{cache_dir} (add this workload to workloads=[...], or record misses with "
-        f"CTBUILD_RECORD=misses.jsonl and use `ctbuild precompile --from-record misses.jsonl "
-        f"--arch {arch}`).\n"
-        f"  Or set CTBUILD_MODE=default to JIT-compile it (needs tileiras)." + damage_note(cache_dir))
+def serve_without_toolchain(mode: str, problem: Exception, cache_dir: Path) -> None:
+    """An unclassified ``CUDA_TILE_*`` variable hides which toolchain the cache's entries fit:
+    strict mode refuses to serve with one message; default and tune mode warn once and miss
+    on every lookup (default config, JIT), never with a per-call error."""
+    if mode == "strict":
+        raise RuntimeConfigError(
+            f"ctbuild: {problem}. Strict mode serves only CUBINs built for this exact "
+            "environment, so it refuses to serve; unset the variable (or set "
+            "CTBUILD_MODE=default to run on the default configs with JIT)") from None
+    log.warning("ctbuild: %s; serving no CUBIN or tuning record from the cache at %s "
+                "(every call is a miss: default config, JIT-compiled)", problem, cache_dir)
 
 
 @dataclass
-class MissLog:
-    """Counts every miss, logs each key once, appends distinct misses to the record file."""
-    record: Path | None = None
-    counts: Counter = field(default_factory=Counter)
-    _logged: set = field(default_factory=set)
-    _recorded: set | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def miss(self, what: str, kernel: str, key: str, message: str) -> bool:
-        """Count a miss; log it the first time this (what, kernel, key) is seen. Returns
-        whether it was the first time."""
-        with self._lock:
-            self.counts[(kernel, what)] += 1
-            first = (what, kernel, key) not in self._logged
-            self._logged.add((what, kernel, key))
-        if first:
-            log.warning("%s", message.splitlines()[0])
-        return first
-
-    def write_record(self, kernel: str, workload: dict[str, Any], arch: str) -> bool:
-        """Append ``{"kernel", "workload", "arch"}`` once per distinct triple (also across
-        processes appending to the same file: lines already there are not repeated).
-        Workloads that differ only in what cannot change the CUBIN (alignment >= 16 bytes,
-        scalar example values) count as one: the first one seen is written."""
-        if self.record is None:
-            return False
-        line = json.dumps({"kernel": kernel, "workload": workload, "arch": arch})
-        canon = _canonical_line(line)
-        with self._lock:
-            if self._recorded is None:
-                self._recorded = set()
-                try:
-                    with open(self.record, encoding="utf-8") as f:
-                        self._recorded.update(_canonical_line(s) for s in f if s.strip())
-                except OSError:
-                    pass
-            if canon in self._recorded:
-                return False
-            self._recorded.add(canon)
-            try:
-                self.record.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    os.write(fd, (line + "\n").encode())
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                log.error("ctbuild: cannot append to CTBUILD_RECORD=%s: %s", self.record, exc)
-                return False
-        return True
-
-    def total(self, kernel: str | None = None) -> dict[str, int]:
-        with self._lock:
-            out: Counter = Counter()
-            for (k, what), n in self.counts.items():
-                if kernel is None or k == kernel:
-                    out[what] += n
-            return dict(out)
+class FirstLaunch:
+    """The first launch of a resolved call, in progress on this thread: a CUBIN miss inside
+    ``ct.launch`` belongs to it. ``cubin_from``/``cubin_class`` start as resolution expected
+    and end as what the dispatcher really loaded."""
+    workload_json: dict[str, Any] | None
+    cubin_from: str          # cache | jit
+    cubin_class: str         # exact | relaxed | generic | miss
+    noted: bool              # its CUBIN miss was counted while resolving
 
 
-def _canonical_line(text: str) -> str:
-    """What makes two record lines the same miss: alignments of 16 bytes or more are one
-    (the launch signature only sees pointer % 16), scalar example values do not count."""
-    try:
-        return json.dumps(_compile_relevant(json.loads(text)), sort_keys=True)
-    except ValueError:
-        return text.strip()
+class MissPolicy:
+    """What a miss does under one context's mode; counts and records every miss."""
 
+    def __init__(self, mode: str, misses: MissLog, cache_dir: Path, toolchain_fp: str | None,
+                 write_back: WriteBack) -> None:
+        self.mode, self.misses, self.cache_dir = mode, misses, cache_dir
+        self.toolchain_fp, self.write_back = toolchain_fp, write_back
+        self._tls = threading.local()
 
-def _compile_relevant(value: Any) -> Any:
-    if isinstance(value, dict):
-        out = {k: _compile_relevant(v) for k, v in value.items()
-               if not (k == "example" and "scalar" in value)}
-        if "tensor" in out and isinstance(out.get("align"), int):
-            out["align"] = min(out["align"], 16)
-        return out
-    if isinstance(value, list):
-        return [_compile_relevant(v) for v in value]
-    return value
+    def tuning_miss(self, tuned: TunedKernel, *, tuning_key: list, arch: str, gpu: str,
+                    record_key: str | None, workload_json: dict[str, Any], default: Config,
+                    tune: Callable[[], Config]) -> tuple[Config, str]:
+        """No tuning record for a call: (config, where it came from). Tune mode tunes online
+        (``tune``); strict and default mode serve the default config (strict mode counts the
+        miss but does not raise: a cached CUBIN of the default config may cover the call, and
+        the CUBIN miss raises when none does)."""
+        message = tuning_miss_message(
+            kernel=tuned.name, module=tuned.module, tuning_key=tuning_key, arch=arch, gpu=gpu,
+            key=record_key or "(none: no toolchain)", toolchain_fp=self.toolchain_fp,
+            cache_dir=self.cache_dir, workload=workload_json)
+        self.misses.note("tuning", tuned.name, record_key or json.dumps(tuning_key), message,
+                         workload_json, arch)
+        if self.mode == "tune":
+            return tune(), "online"
+        return default, "default"
 
+    def cubin_miss(self, tuned: TunedKernel, cfg: Config, key: str, arch: str,
+                   workload_json: dict[str, Any]) -> None:
+        """No cached CUBIN covers a call being resolved: count and record it; strict mode
+        raises (the others JIT-compile it in the launch, through `on_launch_miss`)."""
+        message = cubin_miss_message(kernel=tuned.name, module=tuned.module,
+                                     config=cfg.to_json(), arch=arch, key=key,
+                                     toolchain_fp=self.toolchain_fp, cache_dir=self.cache_dir,
+                                     workload=workload_json)
+        self.misses.note("cubin", tuned.name, key, message, workload_json, arch)
+        if self.mode == "strict":
+            raise CacheMissError(message, kernel=tuned.name, what="cubin", key=key, arch=arch)
 
-def workload_json(spec_workload: Any) -> dict[str, Any]:
-    return {name: spec_to_json(v) for name, v in spec_workload.items()}
+    @contextlib.contextmanager
+    def first_launch(self, kernel: str, workload_json: dict[str, Any], arch: str,
+                     cubin_from: str, cubin_class: str) -> Iterator[FirstLaunch]:
+        """Around the first launch of a resolved call: afterwards the `FirstLaunch` says what
+        really served it; a CUBIN of a weaker class than exact is recorded, so the next build
+        can add the exact one."""
+        launch = FirstLaunch(workload_json, cubin_from, cubin_class, noted=cubin_from == "jit")
+        self._tls.launch = launch
+        LAST_SERVED.cls = None
+        try:
+            yield launch
+        finally:
+            self._tls.launch = None
+        served = getattr(LAST_SERVED, "cls", None) or cubin_class
+        if launch.cubin_from == "jit" or served == "jit":
+            served = "miss"
+        launch.cubin_class = served
+        if served in ("relaxed", "generic"):
+            self.misses.write_record(kernel, workload_json, arch)
+
+    def on_launch_miss(self, served: ServedKernel, signature: Any, context: Any, arch: str
+                       ) -> tuple[bytes, str]:
+        """No cached CUBIN for a launch (the dispatcher asked `ServedKernel._compile`): count it
+        unless resolving did; strict mode raises; else JIT-compile, write back, serve."""
+        tuned, cfg = served.tuned, served.config
+        key = served.source.key_for(tuned, cfg, signature, arch)
+        launch: FirstLaunch | None = getattr(self._tls, "launch", None)
+        spec_json = launch.workload_json if launch is not None else None
+        message = cubin_miss_message(
+            kernel=tuned.name, module=tuned.module, config=cfg.to_json(), arch=arch, key=key,
+            toolchain_fp=self.toolchain_fp, cache_dir=self.cache_dir, workload=spec_json,
+            why="missing or corrupt")
+        if launch is None or not launch.noted:
+            self.misses.note("cubin", tuned.name, key, message, spec_json, arch)
+        if self.mode == "strict":
+            raise CacheMissError(message, kernel=tuned.name, what="cubin", key=key, arch=arch)
+        cubin, symbol = served.jit_compile(signature, context, arch)
+        if launch is not None:
+            launch.cubin_from = "jit"
+        self.write_back.put(tuned, cfg, key, cubin, symbol, arch)
+        return cubin, symbol

@@ -2,49 +2,31 @@
 
 cuTile's dispatcher derives a `KernelSignature` from the launch arguments and, on a miss of its
 in-memory cache, calls ``kernel._compile(signature, context, (major, minor))``. `ServedKernel`
-overrides that one method to look the CUBIN up by compile key instead of running tileiras.
-This is a private interface (it changed between cuTile 1.6 and 1.7), so `check_cutile` verifies
-it at import and fails loudly rather than mis-launching.
+overrides that one method (through `ctbuild.cutile.ServingKernel`, which owns the private
+interface and checks it at import) to look the CUBIN up by compile key instead of running
+tileiras.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import cuda.tile as ct
 
+from ..arch import Arch
+from ..cutile import ServingKernel
 from ..keys import kernel_compile_key
 from ..signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weaken
 from ..space import Config
+from .kernel_store import KernelStore
+
+if TYPE_CHECKING:
+    from ..declare import TunedKernel
 
 log = logging.getLogger("ctbuild")
-
-SUPPORTED_CUTILE = "1.7.0"
-
-
-class UnsupportedCuTileError(RuntimeError):
-    """The installed cuda-tile is not the version whose private launch interface ctbuild uses."""
-
-
-def check_cutile() -> None:
-    """Fail at import if cuda-tile's version or its ``_compile`` hook is not what we rely on."""
-    version = str(ct.__version__)
-    if version != SUPPORTED_CUTILE:
-        raise UnsupportedCuTileError(
-            f"ctbuild supports cuda-tile {SUPPORTED_CUTILE} only, found {version}; "
-            f"pip install 'cuda-tile[tileiras]=={SUPPORTED_CUTILE}'")
-    params = list(inspect.signature(ct.kernel._compile).parameters)
-    if params[:4] != ["self", "signature", "context", "compute_capability"]:
-        raise UnsupportedCuTileError(
-            f"cuda-tile {version}: kernel._compile{tuple(params)} is not the interface ctbuild "
-            f"was built for; pin cuda-tile {SUPPORTED_CUTILE}")
-
-
-check_cutile()
-
 
 @dataclass
 class ServeStats:
@@ -74,24 +56,24 @@ STATS = ServeStats()
 LAST_SERVED = threading.local()
 
 #: Called on a CUBIN miss with (served kernel, signature, context, arch); returns
-#: (cubin, symbol) to launch, or raises. The runtime's miss policy plugs in here.
+#: (cubin, symbol) to launch, or raises: `MissPolicy.on_launch_miss` of the runtime context.
 MissHandler = Callable[["ServedKernel", Any, Any, str], tuple[bytes, str]]
 
 
 @dataclass
 class CubinSource:
     """Where served kernels get CUBINs: a cache store under one toolchain fingerprint."""
-    store: Any
+    store: KernelStore | None
     toolchain_fp: str | None
     on_miss: MissHandler | None = None
 
-    def key_for(self, tuned: Any, cfg: Config, signature: Any, arch: str) -> str:
+    def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str) -> str:
         """The compile key of the exact CUBIN for ``signature``."""
         return kernel_compile_key(tuned, cfg, weaken(signature, EXACT_WEAKENING,
                                                      tuned.pyfunc.__name__),
                                   arch, self.toolchain_fp or "")
 
-    def candidates(self, tuned: Any, cfg: Config, signature: Any, arch: str
+    def candidates(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                    ) -> list[tuple[Weakening, Any, str]]:
         """(weakening, weakened signature, compile key) to try for a call, most specialised
         first: exact, relaxed under each declared dynamic pattern, generic."""
@@ -103,7 +85,7 @@ class CubinSource:
                                                            self.toolchain_fp or "")))
         return out
 
-    def covering(self, tuned: Any, cfg: Config, signature: Any, arch: str
+    def covering(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                  ) -> tuple[str, str] | None:
         """(class, compile key) of the most specialised cached CUBIN serving this call."""
         if self.toolchain_fp is None or self.store is None:
@@ -113,13 +95,13 @@ class CubinSource:
                 return weakening.cls, key
         return None
 
-    def lookup(self, tuned: Any, cfg: Config, signature: Any, arch: str
+    def lookup(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                ) -> tuple[bytes, str] | None:
         """(cubin, symbol) of the most specialised cached CUBIN serving this launch, or None."""
         found = self.lookup_class(tuned, cfg, signature, arch)
         return None if found is None else found[:2]
 
-    def lookup_class(self, tuned: Any, cfg: Config, signature: Any, arch: str
+    def lookup_class(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                      ) -> tuple[bytes, str, str] | None:
         """(cubin, symbol, class) of the most specialised cached CUBIN serving this launch, or
         None. Never returns a corrupt or foreign one."""
@@ -137,48 +119,42 @@ class CubinSource:
         return None
 
 
-class ServedKernel(ct.kernel):
+class ServedKernel(ServingKernel):
     """A ``ct.kernel`` for one config of a declared kernel, whose CUBIN comes from the cache.
 
     One object per config, created once: cuTile keeps its in-memory launch cache per kernel
     object, so later launches cost only the dispatcher's signature check.
     """
 
-    def __new__(cls, tuned: Any, cfg: Config, source: CubinSource) -> "ServedKernel":
+    def __new__(cls, tuned: TunedKernel, cfg: Config, source: CubinSource) -> ServedKernel:
         return ct.kernel.__new__(cls, tuned.pyfunc)
 
-    def __init__(self, tuned: Any, cfg: Config, source: CubinSource) -> None:
+    def __init__(self, tuned: TunedKernel, cfg: Config, source: CubinSource) -> None:
         options = tuned.compiler_options(cfg)
         super().__init__(tuned.pyfunc, num_ctas=options.num_ctas, occupancy=options.occupancy,
                          opt_level=options.opt_level, num_worker_warps=options.num_worker_warps)
         self.tuned, self.config, self.source = tuned, cfg, source
 
-    def _compile(self, signature: Any, context: Any,
-                 compute_capability: tuple[int, int] | None = None) -> tuple:
-        from cuda.tile._cext import get_compute_capability
-        major, minor = compute_capability or get_compute_capability()
-        arch = f"sm_{major}{minor}"
-        found = self.source.lookup_class(self.tuned, self.config, signature, arch)
+    def serve(self, signature: Any, context: Any, arch: Arch) -> tuple[bytes, str]:
+        """The most specialised cached CUBIN covering the launch, else the miss handler's."""
+        found = self.source.lookup_class(self.tuned, self.config, signature, str(arch))
         if found is not None:
             cubin, symbol, cls = found
             STATS.add(hits=1, **{cls: 1})
             LAST_SERVED.cls = cls
-            return cubin, symbol, None, ()
+            return cubin, symbol
         STATS.add(misses=1)
         LAST_SERVED.cls = "jit"
         if self.source.on_miss is None:
             raise LookupError(
                 f"kernel {self.tuned.name!r} config {self.config!r}: no CUBIN in the cache for "
                 f"{arch} and this signature")
-        cubin, symbol = self.source.on_miss(self, signature, context, arch)
-        return cubin, symbol, None, ()
+        return self.source.on_miss(self, signature, context, str(arch))
 
     def jit_compile(self, signature: Any, context: Any, arch: str) -> tuple[bytes, str]:
         """Compile with cuTile's own path (tileiras); counted in ``STATS.jit_compiles``."""
-        major, minor = int(arch[3:-1]), int(arch[-1])
         try:
-            cubin, symbol, _, lifecycle = ct.kernel._compile(self, signature, context,
-                                                             (major, minor))
+            cubin, symbol, lifecycle = self.compile_with_cutile(signature, context, Arch(arch))
         except FileNotFoundError as exc:  # a serving image without tileiras
             STATS.add(jit_failures=1)
             from .miss_policy import CacheMissError
@@ -197,7 +173,7 @@ class ServedKernel(ct.kernel):
                                "which ctbuild cannot serve from its cache yet")
         return cubin, symbol
 
-    def replace_hints(self, **hints: Any) -> "ServedKernel":
+    def replace_hints(self, **hints: Any) -> ServedKernel:
         """cuTile's tuner calls this for every config; keep serving from the cache."""
         if not hints:
             return self

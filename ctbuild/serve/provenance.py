@@ -1,0 +1,47 @@
+"""Where a kernel's launches came from (`TunedKernel.runtime.provenance()`): per resolved call
+layout, its config's origin and the signature class of its CUBIN, with launch counts."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .entry import Entry
+    from .resolve import Resolved
+
+#: Where a launch's config came from -> the provenance label (unless its CUBIN was JIT-compiled).
+#: ``fallback``: the winner had no CUBIN covering the call, the default config's generic one did.
+ORIGIN_OF_CONFIG = {"cache": "cache", "memory": "cache", "default": "default",
+                    "disabled": "default", "online": "tuned", "fallback": "default"}
+ORIGINS = ("cache", "default", "tuned", "jit")
+#: What served a launch's CUBIN: a signature class of the cache, or a compile (``miss``).
+CUBIN_CLASSES = ("exact", "relaxed", "generic", "miss")
+
+
+def describe(res: Resolved, cubin_from: str, cubin_class: str) -> dict[str, Any]:
+    """What resolved one call layout, and what served its first launch."""
+    return {"tuning_key": res.tuning_key, "arch": res.arch, "gpu": res.gpu,
+            "device": res.device, "config": res.config.to_json(),
+            "config_from": res.config_from, "cubin_from": cubin_from,
+            "cubin_class": cubin_class, "bucket": res.bucket, "compile_key": res.compile_key,
+            "workload": res.workload_json, "created": time.time()}
+
+
+def summary(kernel: str, mode: str, entries: Iterable[Entry], misses: dict[str, int],
+            served_kernels: int) -> dict[str, Any]:
+    """Counts by origin and by CUBIN class, and one row per resolved call layout."""
+    origins: Counter = Counter({o: 0 for o in ORIGINS})
+    classes: Counter = Counter({c: 0 for c in CUBIN_CLASSES})
+    rows = []
+    for e in entries:
+        info = e.info
+        origin = "jit" if info["cubin_from"] == "jit" else ORIGIN_OF_CONFIG.get(
+            info["config_from"], info["config_from"])
+        origins[origin] += e.calls
+        classes[info["cubin_class"]] += e.calls
+        rows.append({"origin": origin, "launches": e.calls, **info})
+    return {"kernel": kernel, "mode": mode, "launches": sum(origins.values()),
+            "origins": dict(origins), "classes": dict(classes), "misses": misses,
+            "served_kernels": served_kernels, "entries": rows}

@@ -1,0 +1,230 @@
+"""Resolution: what one call of a declared kernel launches (the slow path, once per layout).
+
+Bind the arguments; compute the tuning key (and, for a dynamic workload, its bucket's); find the
+winner -- remembered, else the cache's tuning record for this GPU, else the miss policy; find the
+most specialised cached CUBIN covering the call with that config (else the default config's,
+when one covers it; else a CUBIN miss for the miss policy); then the grid and the kernel
+arguments. With ``arch`` (and ``gpu``) given no CUDA device is consulted (the grid sees the
+arch's nominal device): CPU tests and `TunedKernel.explain` resolve host tensors or specs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..arch import Arch
+from ..device_table import DeviceInfo, cuda_device, nominal_device
+from ..dims import find_bucket
+from ..keys import record_key_for
+from ..records import stored_tuning
+from ..signature import derive_signature
+from ..space import Config
+from ..specs import Workload
+from .errors import KernelCallError
+from .live_args import device_of, workload_spec
+from .misses import workload_json
+from .online_tune import tune_online
+from .served_kernel import ServedKernel
+
+if TYPE_CHECKING:
+    from ..declare import TunedKernel
+    from .context import RuntimeContext
+
+log = logging.getLogger("ctbuild.runtime")
+
+
+@dataclass
+class Resolved:
+    """What one call resolves to (also computed without a GPU)."""
+    config: Config
+    config_from: str            # cache | memory | default | disabled | online | fallback
+    cubin_from: str             # cache | jit (expected; corrected if the launch JIT-compiles)
+    cubin_class: str            # exact | relaxed | generic | miss (expected, like cubin_from)
+    bucket: dict[str, int] | None
+    arch: str
+    gpu: str
+    device: int
+    tuning_key: list
+    record_key: str | None
+    compile_key: str | None
+    grid: tuple[int, ...]
+    kernel_args: tuple
+    served: ServedKernel
+    workload: Workload
+    workload_json: dict[str, Any]
+
+
+class Resolver:
+    """Resolves the calls of one declared kernel; owns its served kernels (one per config) and
+    the winners it found (per tuning key, arch and GPU)."""
+
+    def __init__(self, tuned: TunedKernel, ctx: RuntimeContext) -> None:
+        self.tuned, self.ctx = tuned, ctx
+        self.lock = threading.RLock()
+        self.served: dict[Config, ServedKernel] = {}
+        self._winners: dict[tuple[str, str, str], tuple[Config, str]] = {}
+        self._space: list[Config] | None = None
+        self._devices: dict[int, DeviceInfo] = {}
+
+    def resolve(self, args: tuple, kwargs: dict | None = None, *, stream: Any = None,
+                arch: str | None = None, gpu: str | None = None, device: int = 0,
+                dry: bool = False) -> Resolved:
+        """Resolve a call without launching it (see the module doc). ``dry``: count nothing,
+        record nothing, raise no miss, tune nothing (`explain`)."""
+        tuned = self.tuned
+        with self.lock:
+            w = tuned.bind(*args, **(kwargs or {}))
+            if arch is None:
+                device = self._device_for(w)
+                arch, dev_gpu = self.ctx.device_info(device)
+                gpu = gpu or dev_gpu
+                dev = self._device_facts(device) if tuned._wants_device else None
+            else:
+                dev = nominal_device(str(Arch(arch))) if tuned._wants_device else None
+            arch = str(Arch(arch))
+            gpu = gpu or "unknown GPU"
+            spec_w = workload_spec(tuned, w)
+            wl_json = workload_json(spec_w)
+            bucket = find_bucket(tuned.dynamic_workloads, spec_w) \
+                if tuned.dynamic_workloads else None
+            keys = [tuned.tuning_key(w)]
+            if bucket is not None:  # the bucket's record, unless this size was tuned itself
+                rep_key = tuned.tuning_key(bucket.representative)
+                if rep_key != keys[0]:
+                    keys.append(rep_key)
+            cfg, config_from, record_key, tk = self._winner(w, keys, arch, gpu, wl_json, stream,
+                                                            dry)
+            cover = self._cover(cfg, spec_w, arch)
+            default = tuned.default_config(w)
+            if cover[1] is None and cfg != default:
+                fallback = self._cover(default, spec_w, arch)
+                if fallback[1] is not None:
+                    cfg, config_from, cover = default, "fallback", fallback
+            compile_key, cubin_class = cover
+            cubin_from = "cache"
+            if cubin_class is None:
+                cubin_class, cubin_from = "miss", "jit"
+                if not dry and compile_key is not None:
+                    self.ctx.policy.cubin_miss(tuned, cfg, compile_key, arch, wl_json)
+            served = self.served_kernel(cfg)
+            grid = tuned.grid(cfg, w, dev)
+            kernel_args = tuned.kernel_args(cfg, w)
+            return Resolved(cfg, config_from, cubin_from, cubin_class,
+                            bucket.to_json() if bucket is not None else None, arch, gpu, device,
+                            tk, record_key, compile_key, grid, kernel_args, served, w, wl_json)
+
+    def served_kernel(self, cfg: Config) -> ServedKernel:
+        """The one `ServedKernel` of a config (created on first use, thread-safe)."""
+        served = self.served.get(cfg)
+        if served is None:
+            with self.lock:
+                served = self.served.get(cfg)
+                if served is None:
+                    served = ServedKernel(self.tuned, cfg, self.ctx.source)
+                    self.served[cfg] = served
+        return served
+
+    def _winner(self, w: Workload, keys: list[list], arch: str, gpu: str, wl_json: dict,
+                stream: Any, dry: bool = False) -> tuple[Config, str, str | None, list]:
+        """(config, where it came from, record key, tuning key): the first of ``keys`` (the
+        call's own tuning key, then its bucket's) with a record, else the miss policy's."""
+        tuned, ctx = self.tuned, self.ctx
+        if ctx.settings.disable_autotune:
+            return tuned.default_config(w), "disabled", None, keys[-1]
+        record_key = None
+        for tk in keys:
+            memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
+            known = self._winners.get(memo_key)
+            record_key = None
+            if ctx.toolchain_fp is not None:
+                record_key = record_key_for(tuned, tk, arch, gpu, ctx.toolchain_fp)
+            if known is not None:
+                return known[0], known[1] if known[1] != "cache" else "memory", record_key, tk
+            record = stored_tuning(ctx.store, record_key) if (
+                record_key is not None and ctx.store is not None) else None
+            if record is not None:
+                cfg = Config(record.config or {}, tuned.name)
+                if self._in_space(cfg):
+                    if not dry:
+                        self._winners[memo_key] = (cfg, "cache")
+                    return cfg, "cache", record_key, tk
+                log.warning("ctbuild: kernel %r: tuning record %s names config %s, which is not "
+                            "in the declared search space (stale record?); treated as a miss",
+                            tuned.name, record_key, record.config)
+        tk = keys[-1]
+        if dry:
+            return tuned.default_config(w), "default", record_key, tk
+        cfg, origin = ctx.policy.tuning_miss(
+            tuned, tuning_key=tk, arch=arch, gpu=gpu, record_key=record_key,
+            workload_json=wl_json, default=tuned.default_config(w),
+            tune=lambda: tune_online(tuned, ctx, w, device=self._device_for(w), arch=arch,
+                                     gpu=gpu, record_key=record_key, stream=stream,
+                                     served=self.served_kernel))
+        self._winners[(json.dumps(tk, sort_keys=True), arch, gpu)] = (cfg, origin)
+        return cfg, origin, record_key, tk
+
+    def _cover(self, cfg: Config, spec_w: Workload, arch: str) -> tuple[str | None, str | None]:
+        """(compile key, class) of the most specialised cached CUBIN serving this call with
+        this config, or (the exact compile key, None) when none does -- the same lattice
+        `ServedKernel._compile` walks inside the launch. (None, "exact") when the signature
+        cannot be derived up front: the dispatcher will judge."""
+        tuned, ctx = self.tuned, self.ctx
+        try:
+            signature = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w))
+        except Exception as exc:  # the dispatcher will judge; ServedKernel handles a miss
+            log.debug("ctbuild: %s: cannot derive the signature up front: %s", tuned.name, exc)
+            return None, "exact"
+        found = ctx.source.covering(tuned, cfg, signature, arch)
+        if found is not None:
+            return found[1], found[0]
+        return ctx.source.key_for(tuned, cfg, signature, arch), None
+
+    def _in_space(self, cfg: Config) -> bool:
+        if self._space is None:
+            self._space = [Config(c) for c in self.tuned.space.enumerate()]
+        return cfg in self._space
+
+    def _device_facts(self, device: int) -> DeviceInfo:
+        """What ``grid(cfg, w, dev)`` sees of a real GPU (queried once per device)."""
+        facts = self._devices.get(device)
+        if facts is None:
+            facts = self._devices[device] = cuda_device(device)
+        return facts
+
+    def _device_for(self, w: Workload) -> int:
+        """The CUDA device of the call's tensors; refuses host tensors and mixed devices."""
+        devices: dict[int, str] = {}
+        for name, value in w.items():
+            d = device_of(value)
+            if d is None:
+                continue
+            if d < 0:
+                where = getattr(getattr(value, "device", None), "type", "host")
+                raise KernelCallError(
+                    f"kernel {self.tuned.name!r}: argument {name!r} is a {where} tensor; "
+                    "ctbuild kernels launch on CUDA tensors (move it with .cuda())")
+            devices.setdefault(d, name)
+        if not devices:
+            raise KernelCallError(f"kernel {self.tuned.name!r}: no CUDA tensor among the "
+                                  f"arguments ({', '.join(w)}): cannot tell which GPU to "
+                                  "launch on")
+        if len(devices) > 1:
+            shown = ", ".join(f"{n} on cuda:{d}" for d, n in devices.items())
+            raise KernelCallError(f"kernel {self.tuned.name!r}: arguments are on different "
+                                  f"GPUs ({shown}); put them on one device")
+        return next(iter(devices))
+
+
+def explanation(res: Resolved, kernel: str, mode: str) -> dict[str, Any]:
+    """`TunedKernel.explain`'s dict: what resolving a call decided."""
+    return {"kernel": kernel, "config": res.config.to_json(),
+            "config_from": {"memory": "record", "cache": "record"}.get(
+                res.config_from, res.config_from),
+            "bucket": res.bucket, "cubin_class": res.cubin_class,
+            "compile_key": res.compile_key, "cached": res.cubin_class != "miss",
+            "tuning_key": res.tuning_key, "record_key": res.record_key, "arch": res.arch,
+            "gpu": res.gpu, "grid": list(res.grid), "mode": mode,
+            "workload": res.workload_json}
