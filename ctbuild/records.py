@@ -62,16 +62,20 @@ def _fields(cls: type, obj: dict[str, Any], renames: dict[str, str] | None = Non
 
 @dataclass
 class TuningRecord:
-    """The winner of one kernel x workload on one GPU (``config`` None: nothing measured)."""
+    """The winner of one kernel x workload on one GPU (``config`` None: nothing measured).
+
+    Only ``kernel`` is required on read: serving needs just the winner's ``config`` (the record
+    key already pins kernel, tuning key, GPU and toolchain), and a record written by hand or by
+    an older tool with fewer fields is still served."""
     kernel: str
-    module: str
-    kernel_fp: str
-    arch: str
-    gpu: str
-    toolchain: str
-    tuning_key: Any
-    workload: dict[str, Any]
-    config: dict[str, Any] | None
+    module: str = ""
+    kernel_fp: str = ""
+    arch: str = ""
+    gpu: str = ""
+    toolchain: str = ""
+    tuning_key: Any = None
+    workload: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
     driver: str = "unknown"
     compile_key: str | None = None
     mean_us: float | None = None
