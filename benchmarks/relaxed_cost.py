@@ -44,21 +44,26 @@ def fixed_kernel(tuned: Any, cfg: Any, cubin: bytes, symbol: str) -> Any:
     return Fixed()
 
 
-def time_us(launch: Any) -> float:
-    """Median microseconds per launch over 30 samples of 10 launches (CUDA events)."""
+def time_interleaved(launches: dict[str, Any], rounds: int = 40) -> dict[str, list[float]]:
+    """Microseconds per launch, one sample of 10 launches per variant and round, the variants
+    interleaved (and their order rotated) round by round: a GPU's clock drifts by ~15% over
+    seconds, so timing one variant after another would compare clock states, not CUBINs."""
     import torch
-    launch()
+    for launch in launches.values():
+        launch()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    samples = []
-    for _ in range(30):
-        start.record()
-        for _ in range(10):
-            launch()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 100)
-    return statistics.median(samples)
+    names = list(launches)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for rnd in range(rounds):
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            start.record()
+            for _ in range(10):
+                launches[name]()
+            end.record()
+            end.synchronize()
+            out[name].append(start.elapsed_time(end) * 100)
+    return out
 
 
 def main() -> int:
@@ -105,14 +110,17 @@ def main() -> int:
             f"wrong result at M={m}"
         return launch
 
-    rows = [("exact CUBIN, M=4096", time_us(runner(built["exact"], 4096))),
-            ("relaxed CUBIN, M=4096", time_us(runner(built["relaxed"], 4096))),
-            ("relaxed CUBIN, M=4095", time_us(runner(built["relaxed"], 4095))),
-            ("cuTile JIT, M=4095", time_us(runner(tuned.kernel, 4095)))]
-    base = rows[0][1]
-    print(f"dyn_matmul {CONFIG} on {torch.cuda.get_device_name()} ({arch}), B 4096x4096 fp16")
-    for label, us in rows:
-        print(f"  {label:24} {us:8.1f} us  {us / base:5.3f}x")
+    samples = time_interleaved({
+        "exact CUBIN, M=4096": runner(built["exact"], 4096),
+        "relaxed CUBIN, M=4096": runner(built["relaxed"], 4096),
+        "relaxed CUBIN, M=4095": runner(built["relaxed"], 4095),
+        "cuTile JIT, M=4095": runner(tuned.kernel, 4095)})
+    base = samples["exact CUBIN, M=4096"]
+    print(f"dyn_matmul {CONFIG} on {torch.cuda.get_device_name()} ({arch}), B 4096x4096 fp16; "
+          "median of 40 interleaved rounds, ratio = median of per-round ratios to exact")
+    for label, us in samples.items():
+        ratio = statistics.median(x / b for x, b in zip(us, base))
+        print(f"  {label:24} {statistics.median(us):8.1f} us  {ratio:5.3f}x")
     return 0
 
 
