@@ -51,6 +51,7 @@ from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
 from .errors import CacheError
 from .jsontext import dumps
+from .namespace import HashingReader
 
 if TYPE_CHECKING:
     from .namespace import ByteStream, Namespace
@@ -157,12 +158,12 @@ def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_
                     digest = match.group(1)
                     extracted: ByteStream
                     if checked.sha256.get(member.name) is not None:
-                        extracted = _Sha256Reader(_extract(tar, member))
+                        extracted = HashingReader(_extract(tar, member), hashlib.sha256())
                     else:
                         extracted = _extract(tar, member)
                     if store.put_blob_stream(digest, extracted):
                         added_blobs.append(digest)
-                        if (isinstance(extracted, _Sha256Reader)
+                        if (isinstance(extracted, HashingReader)
                                 and extracted.hexdigest() != checked.sha256[member.name]):
                             raise CacheError(f"{member.name} changed while being imported; re-run the import")
             ns = store.namespaces
@@ -332,22 +333,6 @@ def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, st
         xxh.update(chunk)
         sha.update(chunk)
     return xxh.hexdigest(), sha.hexdigest()
-
-
-class _Sha256Reader:
-    """A stream that SHA-256-hashes what is read through it (pass 2 of a signed import)."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
-        self._hasher = hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        chunk = self._stream.read(size)
-        self._hasher.update(chunk)
-        return chunk
-
-    def hexdigest(self) -> str:
-        return self._hasher.hexdigest()
 
 
 def _check_member(member: tarfile.TarInfo) -> None:

@@ -46,6 +46,31 @@ class ByteStream(Protocol):
     def read(self, size: int = -1, /) -> bytes: ...
 
 
+class Hasher(Protocol):
+    """An incremental hash (``xxhash.xxh3_128()``, ``hashlib.sha256()``)."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+class HashingReader:
+    """A `ByteStream` that hashes what is read through it: a streamed blob's digest is known
+    once it is stored, without reading it twice."""
+
+    def __init__(self, stream: ByteStream, hasher: Hasher) -> None:
+        self._stream = stream
+        self._hasher = hasher
+
+    def read(self, size: int = -1, /) -> bytes:
+        chunk = self._stream.read(size)
+        self._hasher.update(chunk)
+        return chunk
+
+    def hexdigest(self) -> str:
+        return self._hasher.hexdigest()
+
+
 @dataclass(frozen=True)
 class RowInfo:
     """A row's metadata without its value. ``key`` is None when the stored key is not plain text."""

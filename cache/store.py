@@ -29,7 +29,7 @@ from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
 from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError, UnsafeValueError
 from .jsontext import dumps, loads_object
 from .layout import QUARANTINE_DIR, Namespaces, check_layout, open_namespaces
-from .namespace import ByteStream, Namespace, RowInfo
+from .namespace import ByteStream, HashingReader, Namespace, RowInfo
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -153,7 +153,7 @@ class Store:
         self._require_writable("store a blob")
         if self.has_blob(digest) and self.get_blob(digest) is not None:
             return False
-        hashing = _HashingReader(stream)
+        hashing = HashingReader(stream, xxhash.xxh3_128())
         added = self._ns.blobs.add_stream(digest, hashing)
         if added and hashing.hexdigest() != digest:
             self._ns.blobs.delete(digest)
@@ -445,22 +445,6 @@ class Store:
         if what not in self._reported:
             self._reported.add(what)
             log.error(message, self._path, *args)
-
-
-class _HashingReader:
-    """A binary stream that hashes what is read through it (bundle blobs are stored in chunks)."""
-
-    def __init__(self, stream: ByteStream) -> None:
-        self._stream = stream
-        self._hasher = xxhash.xxh3_128()
-
-    def read(self, size: int = -1) -> bytes:
-        chunk = self._stream.read(size)
-        self._hasher.update(chunk)
-        return chunk
-
-    def hexdigest(self) -> str:
-        return self._hasher.hexdigest()
 
 
 def _check_key(key: object, what: str) -> None:
