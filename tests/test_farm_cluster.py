@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,17 +11,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
-from cli_helpers import PROJECT, SMALL, explain, precompile  # noqa: E402
+from cli_helpers import PROJECT, SMALL, explain, free_port, precompile, stop_session  # noqa: E402
 
 from cache import Store  # noqa: E402
 
 RAY = Path(sys.executable).with_name("ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -32,7 +24,7 @@ def ray_head(tmp_path_factory):
     machine can pick it up by accident); stopped by signalling that process group only."""
     if not RAY.exists():
         pytest.skip("ray CLI not installed next to this Python")
-    port = _free_port()
+    port = free_port()
     temp = Path(os.environ.get("TMPDIR", "/tmp")) / f"rh{port}"  # short: unix socket paths
     temp.mkdir(exist_ok=True)
     log = tmp_path_factory.mktemp("rayhead") / "head.log"
@@ -52,17 +44,7 @@ def ray_head(tmp_path_factory):
             time.sleep(0.3)
         yield f"127.0.0.1:{port}"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # anything of that session still alive
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+        stop_session(proc)
         subprocess.run(["rm", "-rf", str(temp)], check=False)
 
 
@@ -88,7 +70,7 @@ def test_precompile_on_existing_cluster(ray_head, tmp_path):
 
 def test_unreachable_cluster_is_a_clear_error(tmp_path):
     proc, seconds, _ = precompile("--config", str(SMALL), "--cache", str(tmp_path / "c"),
-                                  "--address", f"127.0.0.1:{_free_port()}", timeout=120)
+                                  "--address", f"127.0.0.1:{free_port()}", timeout=120)
     assert proc.returncode == 1, explain(proc)
     assert "could not join the Ray cluster at 127.0.0.1:" in proc.stderr
     assert "Traceback" not in proc.stderr and seconds < 60

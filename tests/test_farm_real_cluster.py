@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +19,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
-from cli_helpers import ROOT, SMALL, explain  # noqa: E402
+from cli_helpers import ROOT, SMALL, explain, free_port, stop_session  # noqa: E402
 
 RAY = Path(sys.executable).with_name("ray")
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _can_unshare() -> bool:
@@ -45,24 +37,10 @@ def _start_node(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.P
     deadline = time.monotonic() + 120
     while "Ray runtime started" not in log.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
+            stop_session(proc)
             pytest.fail(f"ray start failed:\n{log.read_text()[-3000:]}")
         time.sleep(0.3)
     return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # anything of that session still alive
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -73,7 +51,7 @@ def two_nodes(tmp_path_factory):
         pytest.skip("ray CLI not installed next to this Python")
     if not _can_unshare():
         pytest.skip("needs root and unshare -m (private mount namespaces)")
-    port = _free_port()
+    port = free_port()
     base = Path(os.environ.get("TMPDIR", "/tmp"))
     head_temp, node_temp = base / f"rh{port}", base / f"rn{port}"  # short: unix socket paths
     for d in (head_temp, node_temp, node_temp / "tmp"):
@@ -98,8 +76,8 @@ def two_nodes(tmp_path_factory):
         yield address, node_temp
     finally:
         if node is not None:
-            _stop(node)
-        _stop(head)
+            stop_session(node)
+        stop_session(head)
         subprocess.run(["rm", "-rf", str(head_temp), str(node_temp)], check=False)
 
 
