@@ -1,14 +1,15 @@
 """Host overhead per call of a declared kernel over a raw ``ct.launch``.
 
-    CTBUILD_CACHE_DIR=DIR python benchmarks/dispatch_overhead.py [--calls 200] [--rounds 30]
+    CTBUILD_CACHE_DIR=DIR python benchmarks/dispatch_overhead.py [--calls 200] [--rounds 60]
 
 For each example kernel (first declared workload, warm from the cache in DIR, strict mode):
 times ``N`` back-to-back host calls of
   raw:     ct.launch(stream, grid, served_kernel, kernel_args)   (everything precomputed)
   call:    kernel(a, b, c)                (current torch stream looked up per call)
   launch:  kernel.launch(stream, a, b, c)
-with N below the launch-queue depth so the GPU never pushes back, rounds interleaved,
-median per call. Prints microseconds per call, the overhead over raw, and PASS/FAIL against
+with N below the launch-queue depth so the GPU never pushes back, rounds interleaved; the
+overhead is the median over rounds of each round's difference to its raw launches. Prints
+microseconds per call, the overhead over raw, and PASS/FAIL against
 the target (call and launch at most 1.5 us over raw, with the device named).
 """
 from __future__ import annotations
@@ -53,10 +54,13 @@ def launchers(tuned, a) -> tuple[dict[str, Callable[[], object]], dict[str, Call
     entry = tuned.runtime._entries[-1]
     grid, kernel, kargs = entry.grid, entry.kernel, entry.build(a)
     stream = torch.cuda.current_stream()
+    handle, tail = stream.cuda_stream, entry.tail or ()
     variants = {
         "raw": lambda: ct.launch(stream, grid, kernel, kargs),
         "call": lambda: tuned(*a),
         "launch": lambda: tuned.launch(stream, *a),
+        "raw_handle": lambda: ct.launch(handle, grid, kernel, kargs),  # the stream as an int
+        "raw_fresh": lambda: ct.launch(stream, grid, kernel, a + tail),  # a new args tuple
     }
     rt = tuned.runtime
     parts = {
@@ -70,7 +74,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", default=os.environ.get("CTBUILD_CACHE_DIR"))
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--json")
     args = parser.parse_args()
     if not args.cache:
@@ -85,7 +89,8 @@ def main() -> int:
     print(f"dispatch overhead on {out['device']} ({args.rounds} rounds x {args.calls} calls, "
           "median us per call)")
     print(f"{'kernel':14} {'raw':>7} {'call':>7} {'launch':>7} {'call-raw':>9} {'launch-raw':>11}"
-          f" {'call/raw':>9} {'key+dict':>9} {'stream':>7}")
+          f" {'call/raw':>9} {'key+dict':>9} {'stream':>7} {'raw(int)':>9} {'raw(new)':>9}"
+          f" {'keys':>10}")
     for name, tuned in ex.load_examples().items():
         a, _ = ex.gpu_case(tuned, 0)
         variants, parts = launchers(tuned, a)
@@ -97,16 +102,22 @@ def main() -> int:
             for k, fn in variants.items():
                 samples[k].append(per_call_us(fn, args.calls))
         med = {k: statistics.median(v) for k, v in samples.items()}
+        # The overhead is the median of each round's difference to the raw launch timed
+        # next to it: a host whose speed drifts between rounds shifts both alike.
+        over = {k: statistics.median(x - r for x, r in zip(samples[k], samples["raw"]))
+                for k in ("call", "launch")}
         row = {**{f"{k}_us": v for k, v in med.items()},
-               "call_overhead_us": med["call"] - med["raw"],
-               "launch_overhead_us": med["launch"] - med["raw"],
+               "call_overhead_us": over["call"],
+               "launch_overhead_us": over["launch"],
                "call_ratio": med["call"] / med["raw"],
                **{f"{k}_us": v for k, v in part_us.items()}}
+        row["keys"] = tuned.runtime.provenance()["keys"]
         out["kernels"][name] = row
         print(f"{name:14} {med['raw']:7.2f} {med['call']:7.2f} {med['launch']:7.2f} "
               f"{row['call_overhead_us']:9.2f} {row['launch_overhead_us']:11.2f} "
               f"{row['call_ratio']:9.2f} {part_us['key_lookup']:9.2f} "
-              f"{part_us['stream_lookup']:7.2f}")
+              f"{part_us['stream_lookup']:7.2f} {med['raw_handle']:9.2f} {med['raw_fresh']:9.2f}"
+              f" {row['keys']:>10}")
     worst = max((max(r["call_overhead_us"], r["launch_overhead_us"]), n)
                 for n, r in out["kernels"].items())
     ok = worst[0] <= TARGET_US

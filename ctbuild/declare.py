@@ -267,10 +267,10 @@ class TunedKernel:
         return runtime
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        self.runtime.call(args, kwargs)
+        (self._runtime or self.runtime).call(args, kwargs)  # the property until it exists
 
     def launch(self, stream: Any, *args: Any, **kwargs: Any) -> None:
-        self.runtime.launch(stream, args, kwargs)
+        (self._runtime or self.runtime).launch(stream, args, kwargs)
 
     def explain(self, *args: Any, arch: str | None = None, gpu: str | None = None,
                 **kwargs: Any) -> dict[str, Any]:

@@ -93,11 +93,19 @@ def _stride_pattern(shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
 
 
 def tensor_key(value: Any, bucket: Mapping[int, Callable[[int], int]] | None = None) -> list:
-    """[shape (bucketed), dtype, stride pattern] of a tensor or `Tensor` spec."""
+    """[shape (bucketed), dtype, stride pattern] of a tensor or `Tensor` spec.
+
+    A contiguous tensor with no dim of size 0 or 1 is "C" without reading its strides (its
+    strides cannot be other ones), so the runtime's hot path can key it by contiguity alone;
+    with such a dim, ``is_contiguous()`` ignores strides that the pattern shows."""
     shape = tuple(int(d) for d in value.shape)
-    strides = tuple(int(s) for s in value.stride())
     shown = [bucket[i](d) if bucket and i in bucket else d for i, d in enumerate(shape)]
-    return [shown, dtype_name(value.dtype), _stride_pattern(shape, strides)]
+    contiguous = getattr(value, "is_contiguous", None)
+    if 0 not in shape and 1 not in shape and contiguous is not None and contiguous():
+        pattern: Any = "C"
+    else:
+        pattern = _stride_pattern(shape, tuple(int(s) for s in value.stride()))
+    return [shown, dtype_name(value.dtype), pattern]
 
 
 def key(bucket: Mapping[str, Mapping[int, Callable[[int], int]]] | None = None

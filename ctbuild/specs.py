@@ -91,6 +91,20 @@ class Tensor:
     def itemsize(self) -> int:
         return DTYPE_BITS[self.dtype] // 8
 
+    def is_contiguous(self) -> bool:
+        """Whether the strides are the row-major ones of the shape (torch's test: dims of
+        size 1 may have any stride; any tensor with a size-0 dim is contiguous)."""
+        assert self.strides is not None
+        if 0 in self.shape:
+            return True
+        expected = 1
+        for dim, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if dim != 1:
+                if stride != expected:
+                    return False
+                expected *= dim
+        return True
+
     def stride(self, dim: int | None = None) -> int | tuple[int, ...]:
         assert self.strides is not None
         return self.strides if dim is None else self.strides[dim]

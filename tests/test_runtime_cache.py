@@ -11,14 +11,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import cuda.tile as ct  # noqa: E402
 from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
 from gpu_runtime_examples import ROOT, host_tensors, load_examples  # noqa: E402
 
+import ctbuild  # noqa: E402
 from cache import Store  # noqa: E402
-from ctbuild import runtime  # noqa: E402
+from ctbuild import Product, Tensor, runtime  # noqa: E402
 from ctbuild.serve.served_kernel import CubinSource, ServedKernel  # noqa: E402
 from ctbuild.signature import derive_signature  # noqa: E402
 from ctbuild.space import Config  # noqa: E402
+from ctbuild.specs import Workload  # noqa: E402
 
 KERNELS = load_examples()
 GPU = "NVIDIA H100 80GB HBM3"
@@ -166,22 +169,37 @@ def test_import_fails_loudly_on_another_cutile(monkeypatch: pytest.MonkeyPatch) 
         check()
 
 
-def test_hot_path_skips_the_slow_path(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After the first call of a layout, calls cost a key + dict lookup + ct.launch: no lock,
-    no resolution (the launch and the device are stubbed: this runs on a CPU)."""
+@pytest.fixture
+def stub_gpu(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """The runtime on a CPU: ``ct.launch`` records its arguments, device 0 is an sm_90 GPU,
+    the stream is 0. Returns the list of launches."""
     import ctbuild.serve.kernel_runtime as rtmod
     from ctbuild.serve.resolve import Resolver
-    launches = []
+    launches: list[tuple] = []
     monkeypatch.setattr(rtmod.ct, "launch", lambda *a: launches.append(a))
     monkeypatch.setattr(Resolver, "_device_for", lambda self, w: 0)
     ctx = runtime.configure(store=store, mode="default", disable_autotune=True)
     monkeypatch.setattr(ctx, "device_info", lambda d: ("sm_90", GPU))
-    tuned = KERNELS["rmsnorm"]
+    monkeypatch.setattr(rtmod, "current_stream_getter", lambda: (lambda d: 0))
+    return launches
+
+
+def _count_slow_calls(tuned, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     rt = tuned.runtime
-    rt._stream_of = lambda d: 0
-    slow = []
+    slow: list[int] = []
     original = rt._first_call
-    monkeypatch.setattr(rt, "_first_call", lambda *a: (slow.append(1), original(*a)))
+    monkeypatch.setattr(rt, "_first_call", lambda *a, **k: (slow.append(1), original(*a, **k)))
+    return slow
+
+
+def test_hot_path_skips_the_slow_path(stub_gpu: list[tuple],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first call of a layout, calls cost a key + dict lookup + ct.launch: no lock,
+    no resolution (the launch and the device are stubbed: this runs on a CPU)."""
+    launches = stub_gpu
+    tuned = KERNELS["rmsnorm"]
+    slow = _count_slow_calls(tuned, monkeypatch)
+    rt = tuned.runtime
     args = host_tensors(tuned.workloads[0])
     for _ in range(5):
         tuned(*args)
@@ -190,10 +208,106 @@ def test_hot_path_skips_the_slow_path(store: Store, monkeypatch: pytest.MonkeyPa
     assert len(slow) == 1 and len(launches) == 6
     stream, grid, kernel, kargs = launches[-1]
     assert grid == (4096,) and kargs[:4] == again and kargs[4] == 4096
-    assert rt.provenance()["launches"] == 6
+    prov = rt.provenance()
+    assert prov["launches"] == 6 and prov["keys"] == "contiguity"
+    assert kernel.pinned  # the launch signature is guarded where the key does not look
     tuned(again[0], again[1], again[2], 1e-5)  # another scalar value: resolved once more
     tuned(X=again[0], W=again[1], OUT=again[2], eps=1e-5)  # keywords: same entry
     assert len(slow) == 2 and launches[-1][3][3] == 1e-5
+
+
+@ctbuild.autotune(space=Product(TILE=[64]),
+                  grid=lambda cfg, w: (ct.cdiv(w.X.shape[0], cfg.TILE),),
+                  args=lambda cfg, w: (w.X, w.OUT, w.X.storage_offset(), cfg.TILE),
+                  default={"TILE": 64},
+                  workloads=[{"X": Tensor((256,), "float16"), "OUT": Tensor((256,), "float16")}])
+@ct.kernel
+def rt_offset_copy(X, OUT, OFFSET: int, TILE: ct.Constant[int]):
+    """OUT = X, told where X starts in its storage."""
+    bid = ct.bid(0)
+    ct.store(OUT, index=(bid,), tile=ct.load(X, index=(bid,), shape=(TILE,)))
+
+
+def test_a_declaration_reading_offsets_keys_by_address(stub_gpu: list[tuple],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``args`` passes X's storage offset: two views of one shape and stride at different
+    offsets must not share an entry, even when their alignments agree (the layout key would
+    launch the second with the first one's offset)."""
+    launches = stub_gpu
+    slow = _count_slow_calls(rt_offset_copy, monkeypatch)
+    base = torch.randn(512, dtype=torch.float16)
+    out = torch.empty(256, dtype=torch.float16)
+    for x in (base[:256], base[8:264], base[:256], base[1:257]):
+        rt_offset_copy(x, out)
+    assert [la[3][2] for la in launches] == [0, 8, 0, 1]
+    assert len(slow) == 3
+    prov = rt_offset_copy.runtime.provenance()
+    assert prov["keys"] == "address" and len(prov["entries"]) == 3
+    assert not launches[0][2].pinned
+
+
+def test_what_a_declaration_reads_sets_what_keys_hold() -> None:
+    from ctbuild.serve.declaration_reads import DeclarationReads
+    x = torch.zeros(8, 16, dtype=torch.float16)
+    reads = DeclarationReads()
+    with reads:
+        _ = (x.shape[0], x.size(1), x.is_contiguous(), x.dtype, x.ndim, x.dim(), len(x),
+             x.numel(), x.device, x.element_size(), x.itemsize)
+    assert (reads.needs, reads.why) == ("contiguity", None)
+    for read, level in ((lambda: x.stride(0), "layout"), (lambda: x.stride(), "layout"),
+                        (lambda: x.data_ptr(), "address"), (lambda: x.storage_offset(), "address"),
+                        (lambda: x.t(), "address"), (lambda: x.view(-1), "address"),
+                        (lambda: x[1:], "address"), (lambda: x + 1, "address")):
+        reads = DeclarationReads()
+        with reads:
+            _ = (x.shape, read(), x.dtype)
+        assert reads.needs == level, (read, reads.needs)
+
+
+def test_a_non_contiguous_call_makes_keys_hold_strides(stub_gpu: list[tuple],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default tuning key shows the stride pattern of a non-contiguous tensor: once one is
+    seen, keys hold strides, so two views of one shape with different strides (and tuning
+    keys) never share an entry."""
+    launches = stub_gpu
+    tuned = KERNELS["silu_mul"]
+    slow = _count_slow_calls(tuned, monkeypatch)
+    n = tuned.workloads[0]["X"].shape[0]
+    x, y, out = (torch.randn(n, dtype=torch.float16) for _ in range(3))
+    tuned(x, y, out)
+    assert tuned.runtime.provenance()["keys"] == "contiguity"
+    wide = torch.randn(2 * n, dtype=torch.float16)
+    tuned(wide[::2], y, out)
+    tuned(torch.randn(4 * n, dtype=torch.float16)[::4], y, out)
+    tuned(wide[::2], y, out)
+    prov = tuned.runtime.provenance()
+    assert prov["keys"] == "layout" and len(slow) == 3 and len(launches) == 4
+    assert [e["tuning_key"][0][0][2] for e in prov["entries"]] == ["C", [2], [4]]
+
+
+def test_a_pinned_served_kernel_refuses_a_second_signature(store: Store) -> None:
+    """The guard of the layout key: a pinned kernel serves one launch signature; another one
+    (here the same layout with A at an odd address) raises `LayoutChanged` before any lookup."""
+    from ctbuild.arch import Arch
+    from ctbuild.serve.served_kernel import LayoutChanged
+    tuned = KERNELS["matmul"]
+    w = tuned.workloads[0]
+    cfg = tuned.default_config(w)
+    a = w["A"]
+    misaligned = Workload({**w, "A": Tensor(a.shape, a.dtype, a.strides, align=2)})
+    sig = derive_signature(tuned.kernel, tuned.kernel_args(cfg, w))
+    other = derive_signature(tuned.kernel, tuned.kernel_args(cfg, misaligned))
+    assert sig.symbol != other.symbol
+    pinned = ServedKernel(tuned, cfg, CubinSource(store, TC), pinned=True)
+    for _ in range(2):  # nothing cached: the lookup runs, and misses, for the pinned one
+        with pytest.raises(LookupError, match="no CUBIN"):
+            pinned.serve(sig, None, Arch("sm_90"))
+    with pytest.raises(LayoutChanged, match="differs from the pinned"):
+        pinned.serve(other, None, Arch("sm_90"))
+    free = ServedKernel(tuned, cfg, CubinSource(store, TC))
+    for s in (sig, other):
+        with pytest.raises(LookupError):
+            free.serve(s, None, Arch("sm_90"))
 
 
 def test_racing_first_calls_share_one_runtime(store: Store) -> None:

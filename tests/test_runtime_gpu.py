@@ -57,7 +57,8 @@ def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def cache_copy(warm_cache: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "cache"
-    shutil.copytree(warm_cache, dst)
+    # SQLite's -shm index is rebuilt from the WAL on open; it may vanish mid-copy
+    shutil.copytree(warm_cache, dst, ignore=shutil.ignore_patterns("*-shm"))
     return dst
 
 
@@ -238,6 +239,37 @@ def test_hot_path_reuses_the_entry(warm_cache: Path) -> None:
     check("silu_mul", args, expected)
     assert len(silu.runtime._entries) == 1
     assert silu.runtime.provenance()["launches"] == 20
+
+
+def test_an_alignment_the_key_does_not_hold_is_caught_and_served_by_its_class(
+        warm_cache: Path) -> None:
+    """C at an address 2 bytes off 16, same shape, strides and dtype: the hot-path key matches
+    the aligned call's entry, but its pinned kernel sees another launch signature and refuses
+    it before launching. The call is resolved again (a weaker CUBIN class covers it), correct,
+    counted by its class; from then on the kernel's keys hold pointer % 16."""
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    mm = KERNELS["matmul"]
+    (a, b, c), expected = gpu_case(mm, 0)
+    for _ in range(3):
+        mm(a, b, c)
+    torch.cuda.synchronize()
+    check("matmul", (a, b, c), expected)
+    assert mm.runtime.provenance()["keys"] == "contiguity"
+    buf = torch.zeros(c.numel() + 8, dtype=c.dtype, device="cuda")
+    c_odd = buf[1:1 + c.numel()].view(c.shape)
+    assert c_odd.stride() == c.stride() and c_odd.data_ptr() % 16 == 2
+    jit0, misses0 = STATS.jit_compiles, STATS.misses
+    for _ in range(2):
+        mm(a, b, c_odd)
+    mm(a, b, c)
+    torch.cuda.synchronize()
+    check("matmul", (a, b, c_odd), expected)
+    check("matmul", (a, b, c), expected)
+    prov = mm.runtime.provenance()
+    assert prov["keys"] == "alignment" and prov["launches"] == 6
+    assert prov["classes"]["exact"] == 4
+    assert prov["classes"]["relaxed"] + prov["classes"]["generic"] == 2
+    assert (STATS.jit_compiles, STATS.misses) == (jit0, misses0)
 
 
 def test_sixteen_threads_first_calls(warm_cache: Path) -> None:

@@ -1,17 +1,24 @@
 """The hot path: launch a declared kernel warm from the cache.
 
-``matmul(a, b, c)`` (current torch stream) or ``matmul.launch(stream, a, b, c)``: one flat key
-of the call (per tensor: shape, strides, dtype, pointer % 16, and the device when several GPUs
-are visible; per scalar: type and value), computed by a function generated for the call's
-argument kinds (`live_args.make_key_fn`), looks up an `Entry`, and `_launch` launches it. No
+``matmul(a, b, c)`` (current torch stream) or ``matmul.launch(stream, a, b, c)`` runs code
+generated for the call's argument kinds (`hot_call`): one flat key of the call
+(`live_args.key_expression`), inline, looks up an `Entry`, and the entry is launched. No
 Workload, no declared key/grid/args function, no cache access, no lock.
 
+The key holds per tensor what the kernel's declared functions read of it (`declaration_reads`:
+for most, shape, dtype and contiguity; strides when they read strides), per scalar its type
+and value. What else decides the launch -- strides and the base pointers' alignment, through
+cuTile's signature -- is guarded by the entry's served kernel, pinned to the one signature it
+first served: a call whose signature differs raises `LayoutChanged` before anything launches,
+and from then on the kernel's keys hold strides and pointer % 16 too (`KEY_LEVELS`).
+
 A call without an entry takes the slow path under the kernel's lock: `resolve` (winner, CUBIN,
-grid, arguments; the miss policy on a miss), then the same `_launch`, then the entry is
-published. Importing this module imports neither Ray nor the farm.
+grid, arguments; the miss policy on a miss), then `_launch` (the general form of the hot
+path's launch), then the entry is published. Importing this module imports neither Ray nor the farm.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +26,14 @@ import cuda.tile as ct
 
 from . import provenance
 from .context import RuntimeContext, configure, context, reset, stats
+from .declaration_reads import KEY_LEVELS
 from .entry import Entry
 from .errors import KernelCallError, reraise_named
+from .hot_call import hot_calls
 from .live_args import make_key_fn
 from .miss_policy import CacheMissError, RuntimeConfigError
 from .resolve import Resolved, Resolver, explanation
-from .served_kernel import ServedKernel
+from .served_kernel import LayoutChanged, ServedKernel
 from .streams import (
     current_stream_getter,
     current_stream_object,
@@ -42,6 +51,7 @@ __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError
 
 #: Drop the hot-path memo of a kernel when it grows past this (e.g. a scalar that varies).
 MAX_FAST_ENTRIES = 4096
+
 
 
 def _no_key(*args: Any) -> tuple:
@@ -62,71 +72,116 @@ class KernelRuntime:
         self._stream_of = current_stream_getter()
         self._multi_gpu = visible_gpus() != 1
         self._key: Any = _no_key
+        self._keys = KEY_LEVELS[0]  # what keys hold: `declaration_reads.KEY_LEVELS`
+        #: ``kernel(*args, **kwargs)`` and ``kernel.launch(stream, ...)``: the slow path until
+        #: a call is keyed, then code generated for the arguments' kinds (`hot_call`).
+        self.call: Callable[[tuple, dict], None] = self._call_first
+        self.launch: Callable[[Any, tuple, dict], None] = self._launch_first
 
     def __repr__(self) -> str:
         return f"<KernelRuntime {self.name} mode={self.ctx.mode} entries={len(self._entries)}>"
 
-    def call(self, args: tuple, kwargs: dict) -> None:
-        """``kernel(*args, **kwargs)`` on the current torch stream of the tensors' device (the
-        lookup of `launch`, spelled out: one Python call less on the hot path)."""
-        if kwargs:
-            args = self._positional(args, kwargs)
-        try:
-            entry = self._fast[self._key(*args)]
-        except Exception:  # a new layout (KeyError) or other argument kinds: the slow path
-            return self._first_call(None, args)
-        self._launch(entry, None, args)
+    def _call_first(self, args: tuple, kwargs: dict) -> None:
+        """``call`` before any call was keyed: the slow path."""
+        self.with_keywords(None, args, kwargs) if kwargs else self._first_call(None, args)
 
-    def launch(self, stream: Any, args: tuple, kwargs: dict) -> None:
-        """``kernel.launch(stream, *args, **kwargs)`` on an explicit stream."""
-        if kwargs:
-            args = self._positional(args, kwargs)
+    def _launch_first(self, stream: Any, args: tuple, kwargs: dict) -> None:
+        """``launch`` before any call was keyed: the slow path."""
+        self.with_keywords(stream, args, kwargs) if kwargs else self._first_call(stream, args)
+
+    def with_keywords(self, stream: Any, args: tuple, kwargs: dict) -> None:
+        """A call with keyword arguments: bind them to positions, then the hot path."""
+        w = self.tuned.bind(*args, **kwargs)
+        args = tuple(w.args[p] for p in self.tuned.params)
+        self.call(args, {}) if stream is None else self.launch(stream, args, {})
+
+    def launch_entry(self, entry: Entry, stream: Any, args: tuple) -> None:
+        """`_launch` for the hot path, which leaves it the entries that zero arguments or
+        rebuild kernel arguments."""
         try:
-            entry = self._fast[self._key(*args)]
-        except Exception:
-            return self._first_call(stream, args)
-        self._launch(entry, stream, args)
+            self._launch(entry, stream, args)
+        except LayoutChanged:
+            self._first_call(stream, args, keys="alignment")
+
+    def launch_failed(self, exc: Exception, entry: Entry, stream: Any, args: tuple) -> None:
+        """A hot-path launch raised: a layout its pinned kernel refuses takes the slow path
+        with alignment-holding keys; a cuTile refusing raw stream handles gets torch streams
+        from now on; anything else is raised naming the kernel."""
+        if type(exc) is LayoutChanged:
+            return self._first_call(stream, args, keys="alignment")
+        if stream is None and refuses_raw_stream(exc, self._stream_of):
+            self._stream_of = current_stream_object
+            return self.launch_entry(entry, stream, args)
+        reraise_named(exc, self.tuned)
 
     def _launch(self, entry: Entry, stream: Any, args: tuple) -> None:
-        """The one launch routine: zero the ``reset_to_zero`` arguments, pick the stream,
-        build the kernel arguments, launch; an error names the kernel."""
+        """The general launch (the hot path's template inlines its common case): zero the
+        ``reset_to_zero`` arguments, pick the stream, build the kernel arguments, launch; an
+        error names the kernel. `LayoutChanged` (the call's signature is not its entry's;
+        nothing launched) is the caller's to handle."""
         entry.calls += 1
         try:
             if entry.zero:
                 zero_args(stream, args, entry.zero)
-            tail = entry.tail
             ct.launch(self._stream_of(entry.device) if stream is None else stream, entry.grid,
-                      entry.kernel, args + tail if tail is not None else entry.build(args))
+                      entry.kernel, entry.build(args))
         except Exception as exc:
+            entry.calls -= 1
+            if type(exc) is LayoutChanged:
+                raise
             if stream is None and refuses_raw_stream(exc, self._stream_of):
                 self._stream_of = current_stream_object  # from now on: torch stream objects
-                entry.calls -= 1
                 return self._launch(entry, stream, args)
             reraise_named(exc, self.tuned)
 
-    def _first_call(self, stream: Any, args: tuple) -> None:
-        """The slow path: resolve the call, launch it with `_launch`, publish its entry."""
+    def _first_call(self, stream: Any, args: tuple, keys: str = KEY_LEVELS[0]) -> None:
+        """The slow path: resolve the call, launch it with `_launch`, publish its entry
+        (``keys="alignment"``: after a `LayoutChanged`, keys hold pointer alignments first)."""
         with self._lock:
-            key = self._memo_key(args)
-            entry = self._fast.get(key) if key is not None else None
-            if entry is not None:  # another thread resolved this layout while we waited
-                return self._launch(entry, stream, args)
+            self._key_at_least(keys)
             try:
-                res = self.resolver.resolve(args, stream=stream)
-            except Exception as exc:
-                reraise_named(exc, self.tuned)
-            entry = Entry(res.grid, res.served, args, res.kernel_args,
-                          partial(_kernel_args, self.tuned, res.config), res.device,
-                          self._zero_idx)
-            with self.ctx.policy.first_launch(self.name, res.workload_json, res.arch,
-                                              res.cubin_from, res.cubin_class) as launched:
-                self._launch(entry, stream, args)
-            entry.info = provenance.describe(res, launched.cubin_from, launched.cubin_class)
-            self._entries.append(entry)
-            if key is not None:
-                if len(self._fast) >= MAX_FAST_ENTRIES:
-                    self._fast = {}
-                self._fast[key] = entry
+                return self._resolve_and_launch(stream, args)
+            except LayoutChanged:  # a pinned kernel shared by a signature derived differently
+                self._key_at_least("alignment")
+                return self._resolve_and_launch(stream, args)
+
+    def _resolve_and_launch(self, stream: Any, args: tuple) -> None:
+        key = self._memo_key(args)
+        entry = self._fast.get(key) if key is not None else None
+        if entry is not None:  # another thread resolved this layout while we waited
+            return self._launch(entry, stream, args)
+        try:
+            res = self.resolver.resolve(args, stream=stream)
+        except Exception as exc:
+            reraise_named(exc, self.tuned)
+        need = res.keys_needed if res.signature is not None else \
+            max(res.keys_needed, "alignment", key=KEY_LEVELS.index)
+        if KEY_LEVELS.index(need) > KEY_LEVELS.index(self._keys):
+            self._key_at_least(need)
+            key = self._memo_key(args)
+        served = res.served
+        if res.signature is not None and KEY_LEVELS.index(self._keys) < \
+                KEY_LEVELS.index("alignment"):  # keys without alignment: pin the signature
+            served = self.resolver.pinned_kernel(res.config, res.signature)
+        entry = Entry(res.grid, served, args, res.kernel_args,
+                      partial(_kernel_args, self.tuned, res.config), res.device,
+                      self._zero_idx)
+        with self.ctx.policy.first_launch(self.name, res.workload_json, res.arch,
+                                          res.cubin_from, res.cubin_class) as launched:
+            self._launch(entry, stream, args)
+        entry.info = provenance.describe(res, launched.cubin_from, launched.cubin_class)
+        self._entries.append(entry)
+        if key is not None:
+            if len(self._fast) >= MAX_FAST_ENTRIES:
+                self._fast = {}
+            self._fast[key] = entry
+
+    def _key_at_least(self, keys: str) -> None:
+        """From now on keys hold at least what ``keys`` names; the memo starts over when that
+        is more than they held."""
+        if KEY_LEVELS.index(keys) > KEY_LEVELS.index(self._keys):
+            self._keys, self._key, self._fast = keys, _no_key, {}
+            self.call, self.launch = self._call_first, self._launch_first
 
     def _memo_key(self, args: tuple) -> tuple | None:
         """The hot-path key of a call; rebuilds the key function when the argument kinds
@@ -136,17 +191,14 @@ class KernelRuntime:
         except Exception:
             pass
         try:
-            key_fn = make_key_fn(args, with_device=self._multi_gpu)
+            key_fn = make_key_fn(args, with_device=self._multi_gpu, level=self._keys)
             key = key_fn(*args)
             hash(key)
         except Exception:
             return None
         self._key, self._fast = key_fn, {}
+        self.call, self.launch = hot_calls(self, args, self._multi_gpu, self._keys)
         return key
-
-    def _positional(self, args: tuple, kwargs: dict) -> tuple:
-        w = self.tuned.bind(*args, **kwargs)
-        return tuple(w.args[p] for p in self.tuned.params)
 
     # ---- resolution and reports (not on the hot path) ----
     def resolve(self, args: tuple, kwargs: dict | None = None, **how: Any) -> Resolved:
@@ -166,7 +218,8 @@ class KernelRuntime:
     def provenance(self) -> dict[str, Any]:
         """Where this kernel's launches came from: counts by origin and per resolved call."""
         return provenance.summary(self.name, self.ctx.mode, list(self._entries),
-                                  self.ctx.misses.total(self.name), len(self.resolver.served))
+                                  self.ctx.misses.total(self.name), self.resolver.kernel_objects(),
+                                  self._keys)
 
 
 def _kernel_args(tuned: TunedKernel, cfg: Config, args: tuple) -> tuple:

@@ -123,21 +123,30 @@ def token(value: Any, _tensor: Any = _TorchTensor, _tuple: type = tuple, _list: 
 _PLAIN = {int: int, float: float, bool: bool, str: str, type(None): type(None)}
 
 
-def make_key_fn(args: tuple, with_device: bool = True) -> Any:
-    """A key function specialised to the kinds of these call arguments (the hot path's memo key).
+def key_expression(args: tuple, with_device: bool = True, level: str = "alignment"
+                   ) -> tuple[str, str, dict[str, Any]]:
+    """(parameter names, key tuple expression, namespace it needs) of the hot path's memo key
+    for calls with the kinds of these arguments; `make_key_fn` and `hot_call` compile it.
 
-    ``key(*args)`` returns one flat tuple: for a tensor position its shape, strides, dtype,
-    pointer % 16 (and device index when several GPUs are visible); for a plain scalar position
-    its type and value; anything else its generic `token`. It raises (AttributeError, KeyError,
-    TypeError) when a call's arguments are of other kinds or arity: the caller then takes the
-    slow path and builds a new key function. Flat and inlined, it costs about a third less than
-    a tuple of per-argument tokens.
+    The key is one flat tuple: for a tensor position what ``level`` names
+    (`declaration_reads.KEY_LEVELS`: shape, dtype and ``is_contiguous()``; or shape, strides
+    and dtype, then pointer % 16, then the pointer), and its device index when several GPUs are
+    visible; for a plain scalar position its type and value; anything else its generic
+    `token`. The weaker levels cost less: the runtime uses them while the declared functions
+    read nothing more and a pinned served kernel guards the launch signature. Evaluating it
+    raises (AttributeError, KeyError, TypeError) for arguments of other kinds: the caller then
+    takes the slow path and builds a new key.
     """
     parts = []
     for i, value in enumerate(args):
         a = f"a{i}"
         if isinstance(value, _TorchTensor):
-            parts.append(f"{a}.shape, {a}.stride(), {a}.dtype, {a}.data_ptr() & 15"
+            parts.append({"contiguity": f"{a}.shape, {a}.dtype, {a}.is_contiguous()",
+                          "layout": f"{a}.shape, {a}.stride(), {a}.dtype",
+                          "alignment": f"{a}.shape, {a}.stride(), {a}.dtype, "
+                                       f"{a}.data_ptr() & 15",
+                          "address": f"{a}.shape, {a}.stride(), {a}.dtype, "
+                                     f"{a}.data_ptr()"}[level]
                          + (f", {a}.get_device()" if with_device else ""))
         elif type(value) in _PLAIN:
             parts.append(f"_PLAIN[type({a})], {a}")
@@ -145,8 +154,14 @@ def make_key_fn(args: tuple, with_device: bool = True) -> Any:
             token(value)  # raises TypeError when it cannot be keyed at all
             parts.append(f"_token({a})")
     params = ", ".join(f"a{i}" for i in range(len(args)))
-    body = ", ".join(parts)
-    source = f"def key({params}):\n    return ({body}{',' if len(parts) == 1 else ''})\n"
-    namespace: dict[str, Any] = {"_PLAIN": _PLAIN, "_token": token}
+    expr = f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+    return params, expr, {"_PLAIN": _PLAIN, "_token": token}
+
+
+def make_key_fn(args: tuple, with_device: bool = True, level: str = "alignment") -> Any:
+    """``key(*args)``: the `key_expression` of calls with the kinds of these arguments, as a
+    function (the slow path's memo key; the hot path inlines the expression)."""
+    params, expr, namespace = key_expression(args, with_device, level)
+    source = f"def key({params}):\n    return {expr}\n"
     exec(compile(source, f"<ctbuild key for {len(args)} args>", "exec"), namespace)
     return namespace["key"]

@@ -30,8 +30,9 @@ def describe(res: Resolved, cubin_from: str, cubin_class: str) -> dict[str, Any]
 
 
 def summary(kernel: str, mode: str, entries: Iterable[Entry], misses: dict[str, int],
-            served_kernels: int) -> dict[str, Any]:
-    """Counts by origin and by CUBIN class, and one row per resolved call layout."""
+            served_kernels: int, keys: str) -> dict[str, Any]:
+    """Counts by origin and by CUBIN class, and one row per resolved call layout. ``keys``:
+    what the hot path's keys hold per tensor, one of `declaration_reads.KEY_LEVELS`."""
     origins: Counter = Counter({o: 0 for o in ORIGINS})
     classes: Counter = Counter({c: 0 for c in CUBIN_CLASSES})
     rows = []
@@ -44,4 +45,4 @@ def summary(kernel: str, mode: str, entries: Iterable[Entry], misses: dict[str, 
         rows.append({"origin": origin, "launches": e.calls, **info})
     return {"kernel": kernel, "mode": mode, "launches": sum(origins.values()),
             "origins": dict(origins), "classes": dict(classes), "misses": misses,
-            "served_kernels": served_kernels, "entries": rows}
+            "served_kernels": served_kernels, "keys": keys, "entries": rows}

@@ -23,6 +23,7 @@ from ..records import stored_tuning
 from ..signature import derive_signature
 from ..space import Config
 from ..specs import Workload
+from .declaration_reads import DeclarationReads
 from .errors import KernelCallError
 from .live_args import device_of, workload_spec
 from .misses import workload_json
@@ -55,6 +56,8 @@ class Resolved:
     served: ServedKernel
     workload: Workload
     workload_json: dict[str, Any]
+    keys_needed: str            # the key level the declared functions' reads need
+    signature: str | None       # mangled symbol of the exact launch signature, if derivable
 
 
 class Resolver:
@@ -65,6 +68,7 @@ class Resolver:
         self.tuned, self.ctx = tuned, ctx
         self.lock = threading.RLock()
         self.served: dict[Config, ServedKernel] = {}
+        self._pinned: dict[tuple[Config, str], ServedKernel] = {}
         self._winners: dict[tuple[str, str, str], tuple[Config, str]] = {}
         self._space: list[Config] | None = None
         self._devices: dict[int, DeviceInfo] = {}
@@ -90,7 +94,10 @@ class Resolver:
             wl_json = workload_json(spec_w)
             bucket = find_bucket(tuned.dynamic_workloads, spec_w) \
                 if tuned.dynamic_workloads else None
-            keys = [tuned.tuning_key(w)]
+            reads = DeclarationReads()
+            with reads:
+                keys = [tuned.tuning_key(w)]
+                default = tuned.default_config(w)
             if bucket is not None:  # the bucket's record, unless this size was tuned itself
                 rep_key = tuned.tuning_key(bucket.representative)
                 if rep_key != keys[0]:
@@ -98,23 +105,27 @@ class Resolver:
             cfg, config_from, record_key, tk = self._winner(w, keys, arch, gpu, wl_json, stream,
                                                             dry)
             cover = self._cover(cfg, spec_w, arch)
-            default = tuned.default_config(w)
             if cover[1] is None and cfg != default:
                 fallback = self._cover(default, spec_w, arch)
                 if fallback[1] is not None:
                     cfg, config_from, cover = default, "fallback", fallback
-            compile_key, cubin_class = cover
+            compile_key, cubin_class, signature = cover
             cubin_from = "cache"
             if cubin_class is None:
                 cubin_class, cubin_from = "miss", "jit"
                 if not dry and compile_key is not None:
                     self.ctx.policy.cubin_miss(tuned, cfg, compile_key, arch, wl_json)
             served = self.served_kernel(cfg)
-            grid = tuned.grid(cfg, w, dev)
-            kernel_args = tuned.kernel_args(cfg, w)
+            with reads:
+                grid = tuned.grid(cfg, w, dev)
+                kernel_args = tuned.kernel_args(cfg, w)
+            if reads.why is not None:
+                log.debug("ctbuild: %s: the declaration reads %s of a tensor: hot-path keys "
+                          "hold the %s", tuned.name, reads.why, reads.needs)
             return Resolved(cfg, config_from, cubin_from, cubin_class,
                             bucket.to_json() if bucket is not None else None, arch, gpu, device,
-                            tk, record_key, compile_key, grid, kernel_args, served, w, wl_json)
+                            tk, record_key, compile_key, grid, kernel_args, served, w, wl_json,
+                            reads.needs, signature)
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
         """The one `ServedKernel` of a config (created on first use, thread-safe)."""
@@ -126,6 +137,20 @@ class Resolver:
                     served = ServedKernel(self.tuned, cfg, self.ctx.source)
                     self.served[cfg] = served
         return served
+
+    def pinned_kernel(self, cfg: Config, signature: str) -> ServedKernel:
+        """The pinned `ServedKernel` of a config and launch signature (one per pair, so each
+        signature's CUBIN is loaded once however many hot-path entries launch it)."""
+        with self.lock:
+            served = self._pinned.get((cfg, signature))
+            if served is None:
+                served = ServedKernel(self.tuned, cfg, self.ctx.source, pinned=True)
+                self._pinned[(cfg, signature)] = served
+            return served
+
+    def kernel_objects(self) -> int:
+        """How many served kernels (cuTile kernel objects) this kernel holds."""
+        return len(self.served) + len(self._pinned)
 
     def _winner(self, w: Workload, keys: list[list], arch: str, gpu: str, wl_json: dict,
                 stream: Any, dry: bool = False) -> tuple[Config, str, str | None, list]:
@@ -166,21 +191,22 @@ class Resolver:
         self._winners[(json.dumps(tk, sort_keys=True), arch, gpu)] = (cfg, origin)
         return cfg, origin, record_key, tk
 
-    def _cover(self, cfg: Config, spec_w: Workload, arch: str) -> tuple[str | None, str | None]:
-        """(compile key, class) of the most specialised cached CUBIN serving this call with
-        this config, or (the exact compile key, None) when none does -- the same lattice
-        `ServedKernel._compile` walks inside the launch. (None, "exact") when the signature
-        cannot be derived up front: the dispatcher will judge."""
+    def _cover(self, cfg: Config, spec_w: Workload, arch: str
+               ) -> tuple[str | None, str | None, str | None]:
+        """(compile key, class, signature symbol) of the most specialised cached CUBIN serving
+        this call with this config, or (the exact compile key, None, symbol) when none does --
+        the same lattice `ServedKernel._compile` walks inside the launch. (None, "exact", None)
+        when the signature cannot be derived up front: the dispatcher will judge."""
         tuned, ctx = self.tuned, self.ctx
         try:
             signature = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w))
         except Exception as exc:  # the dispatcher will judge; ServedKernel handles a miss
             log.debug("ctbuild: %s: cannot derive the signature up front: %s", tuned.name, exc)
-            return None, "exact"
+            return None, "exact", None
         found = ctx.source.covering(tuned, cfg, signature, arch)
         if found is not None:
-            return found[1], found[0]
-        return ctx.source.key_for(tuned, cfg, signature, arch), None
+            return found[1], found[0], signature.symbol
+        return ctx.source.key_for(tuned, cfg, signature, arch), None, signature.symbol
 
     def _in_space(self, cfg: Config) -> bool:
         if self._space is None:

@@ -119,24 +119,40 @@ class CubinSource:
         return None
 
 
+class LayoutChanged(Exception):
+    """A served kernel pinned to one launch signature was asked for another: the call differs
+    from its hot-path entry's in what the key does not hold (base pointer alignment). Nothing
+    was launched; the runtime then keys the kernel by pointer alignment too."""
+
+
 class ServedKernel(ServingKernel):
     """A ``ct.kernel`` for one config of a declared kernel, whose CUBIN comes from the cache.
 
-    One object per config, created once: cuTile keeps its in-memory launch cache per kernel
-    object, so later launches cost only the dispatcher's signature check.
+    Created once per config (or, ``pinned``, per config and signature): cuTile keeps its
+    in-memory launch cache per kernel object, so later launches cost only the dispatcher's
+    signature check. A pinned kernel serves the first signature it is asked for and refuses
+    any other with `LayoutChanged`: every launch it makes is then known to use that one
+    signature, whatever the caller looked at.
     """
 
-    def __new__(cls, tuned: TunedKernel, cfg: Config, source: CubinSource) -> ServedKernel:
+    def __new__(cls, tuned: TunedKernel, cfg: Config, source: CubinSource,
+                pinned: bool = False) -> ServedKernel:
         return ct.kernel.__new__(cls, tuned.pyfunc)
 
-    def __init__(self, tuned: TunedKernel, cfg: Config, source: CubinSource) -> None:
+    def __init__(self, tuned: TunedKernel, cfg: Config, source: CubinSource,
+                 pinned: bool = False) -> None:
         options = tuned.compiler_options(cfg)
         super().__init__(tuned.pyfunc, num_ctas=options.num_ctas, occupancy=options.occupancy,
                          opt_level=options.opt_level, num_worker_warps=options.num_worker_warps)
         self.tuned, self.config, self.source = tuned, cfg, source
+        self.pinned = pinned
+        self.pin: str | None = None  # the mangled symbol of the one signature it serves
+        self._pin_lock = threading.Lock()
 
     def serve(self, signature: Any, context: Any, arch: Arch) -> tuple[bytes, str]:
         """The most specialised cached CUBIN covering the launch, else the miss handler's."""
+        if self.pinned:
+            self._check_pin(signature)
         found = self.source.lookup_class(self.tuned, self.config, signature, str(arch))
         if found is not None:
             cubin, symbol, cls = found
@@ -150,6 +166,16 @@ class ServedKernel(ServingKernel):
                 f"kernel {self.tuned.name!r} config {self.config!r}: no CUBIN in the cache for "
                 f"{arch} and this signature")
         return self.source.on_miss(self, signature, context, str(arch))
+
+    def _check_pin(self, signature: Any) -> None:
+        """Pin on the first signature; raise `LayoutChanged` for any other."""
+        symbol = signature.with_mangled_symbol(self.tuned.pyfunc.__name__).symbol
+        with self._pin_lock:
+            if self.pin is None:
+                self.pin = symbol
+            elif symbol != self.pin:
+                raise LayoutChanged(f"kernel {self.tuned.name!r}: launch signature {symbol} "
+                                    f"differs from the pinned {self.pin}")
 
     def jit_compile(self, signature: Any, context: Any, arch: str) -> tuple[bytes, str]:
         """Compile with cuTile's own path (tileiras); counted in ``STATS.jit_compiles``."""
