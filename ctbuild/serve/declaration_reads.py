@@ -16,10 +16,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch.overrides import TorchFunctionMode
 
-_TensorBase: Any = torch._C.TensorBase
+class _NoTorch:
+    """Stands in for torch's function mode where torch is not installed: no torch tensor
+    can be passed then, and other arrays are keyed by their full token anyway."""
+
+    def __enter__(self) -> _NoTorch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+try:
+    import torch
+    from torch.overrides import TorchFunctionMode as _Mode
+    _TensorBase: Any = torch._C.TensorBase
+    _CLASSES: tuple = (_TensorBase, torch.Tensor)
+except ImportError:
+    _Mode, _TensorBase, _CLASSES = _NoTorch, None, ()
 
 #: What hot-path keys hold per tensor, weakest first (each level holds the ones before):
 #: ``contiguity``: shape, dtype, ``is_contiguous()`` (and the device with several GPUs);
@@ -34,8 +49,7 @@ SHAPE_PROPERTIES = frozenset({"shape", "dtype", "ndim", "device", "is_cuda", "it
 
 
 def _methods(*names: str) -> frozenset:
-    return frozenset(getattr(cls, n) for cls in (_TensorBase, torch.Tensor) for n in names
-                     if hasattr(cls, n))
+    return frozenset(getattr(cls, n) for cls in _CLASSES for n in names if hasattr(cls, n))
 
 
 #: Tensor methods whose results follow from the weakest key's facts.
@@ -66,7 +80,7 @@ def _name(func: Any) -> str:
     return str(getattr(func, "__name__", func))
 
 
-class DeclarationReads(TorchFunctionMode):
+class DeclarationReads(_Mode):
     """Context manager (reusable): after the ``with`` blocks, ``needs`` is the weakest key
     level covering every tensor read inside, and ``why`` names the read that set it."""
 
