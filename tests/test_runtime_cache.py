@@ -216,6 +216,26 @@ def test_hot_path_skips_the_slow_path(stub_gpu: list[tuple],
     assert len(slow) == 2 and launches[-1][3][3] == 1e-5
 
 
+def test_a_scalar_that_varies_does_not_grow_memory(stub_gpu: list[tuple],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each eps is a new layout; past the memo's bound its rows fold into totals, and the
+    counts stay whole."""
+    import ctbuild.serve.kernel_runtime as rtmod
+    monkeypatch.setattr(rtmod, "MAX_FAST_ENTRIES", 3)
+    tuned = KERNELS["rmsnorm"]
+    x, w, out, _ = host_tensors(tuned.workloads[0])
+    eps = [1e-6 * (i + 1) for i in range(10)]
+    for e in eps:
+        tuned(x, w, out, e)
+    tuned(x, w, out, eps[-1])  # the last entry is still served from the memo
+    rt = tuned.runtime
+    prov = rt.provenance()
+    assert len(stub_gpu) == 11 and prov["launches"] == 11
+    assert sum(prov["classes"].values()) == 11 and sum(prov["origins"].values()) == 11
+    assert len(rt._entries) <= 3 and len(rt._fast) <= 3
+    assert prov["dropped_rows"] + len(prov["entries"]) == 10
+
+
 @ctbuild.autotune(space=Product(TILE=[64]),
                   grid=lambda cfg, w: (ct.cdiv(w.X.shape[0], cfg.TILE),),
                   args=lambda cfg, w: (w.X, w.OUT, w.X.storage_offset(), cfg.TILE),

@@ -18,6 +18,7 @@ path's launch), then the entry is published. Importing this module imports neith
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError",
            "RuntimeConfigError", "configure", "context", "reset", "stats"]
 
-#: Drop the hot-path memo of a kernel when it grows past this (e.g. a scalar that varies).
+#: Drop the hot-path memo (and fold its provenance rows into totals) of a kernel when it grows
+#: past this (e.g. a scalar that varies).
 MAX_FAST_ENTRIES = 4096
 
 
@@ -68,6 +70,7 @@ class KernelRuntime:
         self._lock = self.resolver.lock
         self._fast: dict[tuple, Entry] = {}
         self._entries: list[Entry] = []
+        self._retired: Counter = Counter()  # provenance totals of rows `_retire` dropped
         self._zero_idx = tuple(tuned.params.index(n) for n in tuned.reset_to_zero)
         self._stream_of = current_stream_getter()
         self._multi_gpu = visible_gpus() != 1
@@ -170,11 +173,18 @@ class KernelRuntime:
                                           res.cubin_from, res.cubin_class) as launched:
             self._launch(entry, stream, args)
         entry.info = provenance.describe(res, launched.cubin_from, launched.cubin_class)
-        self._entries.append(entry)
         if key is not None:
             if len(self._fast) >= MAX_FAST_ENTRIES:
-                self._fast = {}
+                self._retire()
             self._fast[key] = entry
+        self._entries.append(entry)
+
+    def _retire(self) -> None:
+        """Drop the hot-path memo and fold its provenance rows into totals: a scalar argument
+        that varies without bound must not grow memory."""
+        self._retired += provenance.totals(self._entries)
+        self._retired["rows", "dropped"] += len(self._entries)
+        self._entries, self._fast = [], {}
 
     def _key_at_least(self, keys: str) -> None:
         """From now on keys hold at least what ``keys`` names; the memo starts over when that
@@ -219,7 +229,7 @@ class KernelRuntime:
         """Where this kernel's launches came from: counts by origin and per resolved call."""
         return provenance.summary(self.name, self.ctx.mode, list(self._entries),
                                   self.ctx.misses.total(self.name), self.resolver.kernel_objects(),
-                                  self._keys)
+                                  self._keys, self._retired)
 
 
 def _kernel_args(tuned: TunedKernel, cfg: Config, args: tuple) -> tuple:

@@ -29,20 +29,33 @@ def describe(res: Resolved, cubin_from: str, cubin_class: str) -> dict[str, Any]
             "workload": res.workload_json, "created": time.time()}
 
 
-def summary(kernel: str, mode: str, entries: Iterable[Entry], misses: dict[str, int],
-            served_kernels: int, keys: str) -> dict[str, Any]:
-    """Counts by origin and by CUBIN class, and one row per resolved call layout. ``keys``:
-    what the hot path's keys hold per tensor, one of `declaration_reads.KEY_LEVELS`."""
-    origins: Counter = Counter({o: 0 for o in ORIGINS})
-    classes: Counter = Counter({c: 0 for c in CUBIN_CLASSES})
-    rows = []
+def _origin(info: dict[str, Any]) -> str:
+    return "jit" if info["cubin_from"] == "jit" else ORIGIN_OF_CONFIG.get(
+        info["config_from"], info["config_from"])
+
+
+def totals(entries: Iterable[Entry]) -> Counter:
+    """Launches by ``("origin", label)`` and ``("class", class)`` (what `summary` counts): the
+    runtime folds entries it drops into these, so counts stay whole while rows stay bounded."""
+    out: Counter = Counter()
     for e in entries:
-        info = e.info
-        origin = "jit" if info["cubin_from"] == "jit" else ORIGIN_OF_CONFIG.get(
-            info["config_from"], info["config_from"])
-        origins[origin] += e.calls
-        classes[info["cubin_class"]] += e.calls
-        rows.append({"origin": origin, "launches": e.calls, **info})
+        out["origin", _origin(e.info)] += e.calls
+        out["class", e.info["cubin_class"]] += e.calls
+    return out
+
+
+def summary(kernel: str, mode: str, entries: Iterable[Entry], misses: dict[str, int],
+            served_kernels: int, keys: str, retired: Counter | None = None) -> dict[str, Any]:
+    """Counts by origin and by CUBIN class, and one row per resolved call layout still held
+    (``retired``: the `totals` of rows dropped, and their number under ``("rows",
+    "dropped")``). ``keys``: what the hot path's keys hold per
+    tensor, one of `declaration_reads.KEY_LEVELS`."""
+    entries = list(entries)
+    counts = totals(entries) + (retired or Counter())
+    origins = {o: counts["origin", o] for o in ORIGINS}
+    classes = {c: counts["class", c] for c in CUBIN_CLASSES}
+    rows = [{"origin": _origin(e.info), "launches": e.calls, **e.info} for e in entries]
     return {"kernel": kernel, "mode": mode, "launches": sum(origins.values()),
-            "origins": dict(origins), "classes": dict(classes), "misses": misses,
-            "served_kernels": served_kernels, "keys": keys, "entries": rows}
+            "origins": origins, "classes": classes, "misses": misses,
+            "served_kernels": served_kernels, "keys": keys, "entries": rows,
+            "dropped_rows": (retired or Counter())["rows", "dropped"]}
