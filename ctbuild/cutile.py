@@ -26,6 +26,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -216,6 +217,36 @@ def driver_version() -> int:
 def compiler() -> ModuleType:
     """cuTile's compiler module (``compile_tile`` and friends); imported on first build use."""
     return importlib.import_module("cuda.tile._compile")
+
+
+class _NoTorch:
+    """A meta-path finder that answers every ``torch`` import with ModuleNotFoundError, as
+    on a machine without torch."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def load_compiler_without_torch() -> bool:
+    """Import cuTile's compiler without importing torch, in a process that has imported
+    neither; returns whether it did.
+
+    Importing the compiler makes cuTile's extension look for torch (to recognise its dtypes),
+    which imports torch where it is installed: 4-6 s per process on a 64-core host with 64
+    compile workers starting at once, most of a worker's start-up. A compile never needs
+    torch (the container build has none, and a kernel that names torch dtypes imports torch
+    in its module, which was imported before this runs), so a build worker keeps it out.
+    Later imports of torch in the process work as usual."""
+    if "torch" in sys.modules or "cuda.tile._compile" in sys.modules:
+        return False
+    finder = _NoTorch()
+    sys.meta_path.insert(0, finder)
+    try:
+        compiler()
+    finally:
+        sys.meta_path.remove(finder)
+    return True
 
 
 def find_compiler_bin() -> tuple[str, bool]:

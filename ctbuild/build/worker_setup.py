@@ -16,7 +16,8 @@ STRIPPED_ENV = ("CUDA_HOME", "CUDA_PATH")
 
 
 def warm_worker(modules: list[str], paths: list[str]) -> dict[str, Any]:
-    """Import the project's kernel modules and probe the toolchain (once per worker process).
+    """Import the project's kernel modules and probe the toolchain (once per worker process),
+    keeping torch out of a worker whose kernel modules do not import it.
 
     Returns the worker's toolchain fingerprint, which the farm compares with the driver's:
     a worker that would build with another cuda-tile/tileiras is refused before it compiles.
@@ -26,7 +27,9 @@ def warm_worker(modules: list[str], paths: list[str]) -> dict[str, Any]:
             sys.path.insert(0, path)
     for name in modules:
         importlib.import_module(name)
+    from ..cutile import load_compiler_without_torch
     from ..toolchain import probe
+    load_compiler_without_torch()  # seconds of start-up: see there
     toolchain = probe()
     return {"toolchain": toolchain.fingerprint, "cuda_tile": toolchain.profile["cuda_tile"],
             "tileiras": toolchain.paths["tileiras"],
