@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 
-class _NoTorch:
+class _NoMode:
     """Stands in for torch's function mode where torch is not installed: no torch tensor
     can be passed then, and other arrays are keyed by their full token anyway."""
 
-    def __enter__(self) -> _NoTorch:
+    def __enter__(self) -> _NoMode:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -34,7 +34,7 @@ try:
     _TensorBase: Any = torch._C.TensorBase
     _CLASSES: tuple = (_TensorBase, torch.Tensor)
 except ImportError:
-    _Mode, _TensorBase, _CLASSES = _NoTorch, None, ()
+    _Mode, _TensorBase, _CLASSES = _NoMode, None, ()
 
 #: What hot-path keys hold per tensor, weakest first (each level holds the ones before):
 #: ``contiguity``: shape, dtype, ``is_contiguous()`` (and the device with several GPUs);

@@ -14,7 +14,8 @@ and from then on the kernel's keys hold strides and pointer % 16 too (`KEY_LEVEL
 
 A call without an entry takes the slow path under the kernel's lock: `resolve` (winner, CUBIN,
 grid, arguments; the miss policy on a miss), then `_launch` (the general form of the hot
-path's launch), then the entry is published. Importing this module imports neither Ray nor the farm.
+path's launch), then the entry is published. Importing this module imports neither Ray nor the
+farm.
 """
 from __future__ import annotations
 
@@ -53,7 +54,6 @@ __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError
 #: Drop the hot-path memo (and fold its provenance rows into totals) of a kernel when it grows
 #: past this (e.g. a scalar that varies).
 MAX_FAST_ENTRIES = 4096
-
 
 
 def _no_key(*args: Any) -> tuple:
@@ -112,10 +112,17 @@ class KernelRuntime:
         from now on; anything else is raised naming the kernel."""
         if type(exc) is LayoutChanged:
             return self._first_call(stream, args, keys="alignment")
-        if stream is None and refuses_raw_stream(exc, self._stream_of):
-            self._stream_of = current_stream_object
+        if self._raw_stream_refused(exc, stream):
             return self.launch_entry(entry, stream, args)
         reraise_named(exc, self.tuned)
+
+    def _raw_stream_refused(self, exc: Exception, stream: Any) -> bool:
+        """Whether a launch on the current stream failed because cuTile takes no raw stream
+        handle; if so, the runtime passes torch stream objects from now on."""
+        if stream is None and refuses_raw_stream(exc, self._stream_of):
+            self._stream_of = current_stream_object
+            return True
+        return False
 
     def _launch(self, entry: Entry, stream: Any, args: tuple) -> None:
         """The general launch (the hot path's template inlines its common case): zero the
@@ -132,8 +139,7 @@ class KernelRuntime:
             entry.calls -= 1
             if type(exc) is LayoutChanged:
                 raise
-            if stream is None and refuses_raw_stream(exc, self._stream_of):
-                self._stream_of = current_stream_object  # from now on: torch stream objects
+            if self._raw_stream_refused(exc, stream):
                 return self._launch(entry, stream, args)
             reraise_named(exc, self.tuned)
 
@@ -159,8 +165,7 @@ class KernelRuntime:
             reraise_named(exc, self.tuned)
         need = res.keys_needed if res.signature is not None else \
             max(res.keys_needed, "alignment", key=KEY_LEVELS.index)
-        if KEY_LEVELS.index(need) > KEY_LEVELS.index(self._keys):
-            self._key_at_least(need)
+        if self._key_at_least(need):
             key = self._memo_key(args)
         served = res.served
         if res.signature is not None and KEY_LEVELS.index(self._keys) < \
@@ -186,12 +191,14 @@ class KernelRuntime:
         self._retired["rows", "dropped"] += len(self._entries)
         self._entries, self._fast = [], {}
 
-    def _key_at_least(self, keys: str) -> None:
-        """From now on keys hold at least what ``keys`` names; the memo starts over when that
-        is more than they held."""
-        if KEY_LEVELS.index(keys) > KEY_LEVELS.index(self._keys):
-            self._keys, self._key, self._fast = keys, _no_key, {}
-            self.call, self.launch = self._call_first, self._launch_first
+    def _key_at_least(self, keys: str) -> bool:
+        """From now on keys hold at least what ``keys`` names; when that is more than they
+        held, the memo starts over and this returns True."""
+        if KEY_LEVELS.index(keys) <= KEY_LEVELS.index(self._keys):
+            return False
+        self._keys, self._key, self._fast = keys, _no_key, {}
+        self.call, self.launch = self._call_first, self._launch_first
+        return True
 
     def _memo_key(self, args: tuple) -> tuple | None:
         """The hot-path key of a call; rebuilds the key function when the argument kinds

@@ -50,12 +50,12 @@ def summary(kernel: str, mode: str, entries: Iterable[Entry], misses: dict[str, 
     (``retired``: the `totals` of rows dropped, and their number under ``("rows",
     "dropped")``). ``keys``: what the hot path's keys hold per
     tensor, one of `declaration_reads.KEY_LEVELS`."""
-    entries = list(entries)
-    counts = totals(entries) + (retired or Counter())
+    entries, retired = list(entries), retired or Counter()
+    counts = totals(entries) + retired
     origins = {o: counts["origin", o] for o in ORIGINS}
     classes = {c: counts["class", c] for c in CUBIN_CLASSES}
     rows = [{"origin": _origin(e.info), "launches": e.calls, **e.info} for e in entries]
     return {"kernel": kernel, "mode": mode, "launches": sum(origins.values()),
             "origins": origins, "classes": classes, "misses": misses,
             "served_kernels": served_kernels, "keys": keys, "entries": rows,
-            "dropped_rows": (retired or Counter())["rows", "dropped"]}
+            "dropped_rows": retired["rows", "dropped"]}
