@@ -153,9 +153,20 @@ def _release(version_text: str) -> str:
     return version_text.splitlines()[-1] if version_text else "?"
 
 
-@functools.lru_cache(maxsize=1)
+#: This process's probed (or adopted) toolchain.
+_probed: Toolchain | None = None
+
+
 def probe() -> Toolchain:
-    """Probe the local toolchain (runs tileiras; ~1 s the first time, cached per process)."""
+    """Probe the local toolchain (runs tileiras; ~1 s the first time, then kept per process;
+    a build worker may `adopt` its driver's probe instead)."""
+    global _probed
+    if _probed is None:
+        _probed = _probe()
+    return _probed
+
+
+def _probe() -> Toolchain:
     tileiras, uses_home = find_tileiras()
     ptxas, nvvm = _companions(tileiras, uses_home)
     for what, path in (("ptxas", ptxas), ("libnvvm", nvvm)):
@@ -177,6 +188,55 @@ def probe() -> Toolchain:
     }
     return Toolchain(fingerprint_of(profile), profile,
                      {"tileiras": tileiras, "ptxas": ptxas, "libnvvm": nvvm})
+
+
+def shareable(toolchain: Toolchain) -> dict[str, Any]:
+    """A probe to hand to build workers (JSON-able): `adopt` takes it on the same machine."""
+    return {"fingerprint": toolchain.fingerprint, "profile": toolchain.profile,
+            "paths": toolchain.paths, "stamps": _stamps(toolchain.paths)}
+
+
+def adopt(shared: dict[str, Any] | None) -> bool:
+    """Take another process's probe (`shareable`) as this process's, when this process would
+    probe the very same files on the same machine since its boot; returns whether it did.
+
+    Probing runs tileiras and ptxas and hashes them and libnvvm: 0.4-0.9 s in each of 64 build
+    workers starting at once on one host, where the driver has just done it. Same machine boot,
+    same paths, same device and inode, same size and modification and change times mean the
+    same bytes (any write moves the change time, which no user can set back); the cuda-tile
+    version and the key env vars must match too. Anything else (another node, another
+    install, a file replaced, no boot id) adopts nothing, and `probe` runs as usual."""
+    global _probed
+    if _probed is not None or not isinstance(shared, dict):
+        return False
+    try:
+        tileiras, uses_home = find_tileiras()
+        ptxas, nvvm = _companions(tileiras, uses_home)
+        paths = {"tileiras": tileiras, "ptxas": ptxas, "libnvvm": nvvm}
+        if paths != shared.get("paths") or cuda_home_problem() is not None:
+            return False
+        mine = _stamps(paths)
+    except (OSError, ToolchainError):
+        return False
+    if mine["boot"] is None or mine != shared.get("stamps"):
+        return False
+    _probed = Toolchain(shared["fingerprint"], shared["profile"], paths)
+    return True
+
+
+def _stamps(paths: dict[str, str]) -> dict[str, Any]:
+    """What identifies these files' bytes on this machine without reading them (see `adopt`),
+    plus the cuda-tile version and key env vars of this process."""
+    try:
+        boot: str | None = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = None
+    files = {}
+    for what, path in sorted(paths.items()):
+        st = os.stat(path)
+        files[what] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return {"boot": boot, "host": platform.node(), "files": files,
+            "cuda_tile": cutile_version(), "env": key_env()}
 
 
 def fingerprint_of(profile: dict[str, Any]) -> str:

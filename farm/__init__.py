@@ -7,7 +7,8 @@ A generic executor: it knows nothing of cuTile or ctbuild. The caller gives it
   a top-level function (Ray pickles it by reference; it is imported on the workers);
 * the cache directory, which only the driver opens (`cache.Store.put_compile`);
 * what the workers' environment must lose or gain (``strip_env``, ``env``), a setup hook, and
-  an ``estimate(job)`` of each job's seconds for longest-first scheduling.
+  an ``estimate(job)`` of each job's seconds for longest-first scheduling (and a ``learn(job,
+  seconds)`` that refines it as jobs finish).
 
 Workers are long-lived Ray actors (one per worker slot, ``num_cpus=1, num_gpus=0``) that import
 the caller's modules and run the setup hook once, then pull batches of jobs and send each CUBIN

@@ -4,9 +4,11 @@ The driver owns the cache: workers send each CUBIN back with its digest; the dri
 digest, stores the entry, reads it back, and only then counts the job as compiled. Nothing needs
 a shared filesystem, and a killed build keeps every entry stored before it died.
 
-Scheduling: jobs go out longest first (by the caller's ``estimate``), each worker as soon as it
-is warm (no waiting for the others). Every worker slot has at most two batches queued (one
-running, one waiting, so it never idles between batches); a batch holds about
+Scheduling: jobs go out longest first (by the caller's ``estimate``, re-ranked whenever its
+``learn`` says a finished job changed it), each worker as soon as it is warm (no waiting for
+the others). Every worker slot has at most two batches queued (one running, one waiting, so it
+never idles between batches), but a long job (over a batch's share) only goes to a worker with
+nothing queued: two heavy jobs in a row on one worker set the finish time; a batch holds about
 1/(4 x workers) of the estimated work left (guided self-scheduling), so small jobs are batched
 and the tail stays balanced. Records stream back per job (``num_returns="streaming"``), which
 tells the driver exactly which job each worker is on:
@@ -68,6 +70,8 @@ class FarmOptions:
     strip_env: tuple[str, ...] = ()                       # removed in workers
     startup_timeout: float = 180.0      # seconds until the first worker is warm
     estimate: Callable[[dict[str, Any]], float] | None = None  # a job's expected seconds
+    # told each compiled job's seconds; True: estimates changed, re-rank the jobs not sent yet
+    learn: Callable[[dict[str, Any], float], bool] | None = None
 
 
 @dataclass
@@ -132,6 +136,7 @@ class Farm:
         self._reaper: int | None = None
         self._remote: Any = None
         self._ray: Any = None
+        self._cpus = 0
         self._thread: threading.Thread | None = None
         self._start_done = threading.Event()
         self._release = threading.Event()   # lets the starting thread end (after Ray stopped)
@@ -145,8 +150,10 @@ class Farm:
         self.close()
 
     def start_in_background(self) -> None:
-        """Start Ray and the workers in a thread; `run` picks them up (or `close` stops them).
+        """Start or join Ray in a thread; `run` spawns the workers (or `close` stops Ray).
 
+        Only Ray starts here: workers are spawned by `start`, so they get the options the
+        caller settles while Ray starts (``setup_args`` holding the driver's probe, say).
         The thread stays alive until `close`: Ray binds the processes it starts to the life of
         the starting thread (parent-death signal), so it may only end after Ray is stopped."""
         if self.started or self._thread is not None:
@@ -154,7 +161,7 @@ class Farm:
 
         def target() -> None:
             try:
-                self._start(None)
+                self._connect(None)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 self._start_error = exc
             finally:
@@ -173,29 +180,38 @@ class Farm:
             raise exc
 
     def start(self, n_jobs: int | None = None) -> None:
-        """Start or join Ray and spawn the workers (each warms up on its own; `run` hands
-        jobs to each as soon as it is warm)."""
+        """Start or join Ray (unless a background start did) and spawn the workers, at most
+        ``n_jobs`` (each warms up on its own; `run` hands jobs to each as soon as it is warm)."""
         self._join_start()
         if not self.started:
-            self._start(n_jobs)
+            self._connect(n_jobs)
+        if not self.slots:
+            self._spawn_all(n_jobs)
 
-    def _start(self, n_jobs: int | None) -> None:
-        self._t_start = time.perf_counter()
+    def _wanted(self, n_jobs: int | None) -> int | None:
+        """Worker slots asked for: the option, else this machine's cores when Ray is embedded,
+        else (a cluster) None: all its CPUs; never more than ``n_jobs``."""
         wanted = self.options.workers or (os.cpu_count() or 1) if self.address is None \
             else self.options.workers
         if n_jobs is not None and wanted is not None:
             wanted = max(1, min(wanted, n_jobs))
-        conn = connect(self.address, wanted or 1, self.options.ship, self.options.env)
+        return wanted
+
+    def _connect(self, n_jobs: int | None) -> None:
+        self._t_start = time.perf_counter()
+        conn = connect(self.address, self._wanted(n_jobs) or 1, self.options.ship,
+                       self.options.env)
         self._owned, self._reaper = conn["owned"], conn["reaper"]
         self.started = True
         import ray
         self._ray = ray
-        cpus = conn["cpus"]
-        if cpus < 1:
+        self._cpus = conn["cpus"]
+        if self._cpus < 1:
             raise FarmError(f"the Ray cluster at {self.address} has no CPUs for workers")
-        n = min(wanted or cpus, cpus)
-        if n_jobs is not None:
-            n = max(1, min(n, n_jobs))
+
+    def _spawn_all(self, n_jobs: int | None) -> None:
+        ray, cpus = self._ray, self._cpus
+        n = min(self._wanted(n_jobs) or cpus, cpus)
         opts: dict[str, Any] = dict(num_cpus=1, num_gpus=0, max_restarts=0, max_task_retries=0,
                                     max_concurrency=1)
         if self.address is not None:
@@ -409,6 +425,17 @@ class _Run:
                         error="the CUBIN did not read back from the cache after storing it")
             return
         self.finish(job, COMPILED, seconds=seconds, worker=worker)
+        learn = self.farm.options.learn
+        if learn is not None and learn(job, seconds):
+            self.rerank()
+
+    def rerank(self) -> None:
+        """Estimate the jobs not handed out yet again, longest first."""
+        estimate = self.farm.options.estimate or (lambda job: 1.0)
+        for job in (*self.pending, *self.deferred):
+            self.cost[job["key"]] = max(0.0, float(estimate(job)))
+        self.pending = deque(sorted(self.pending, key=lambda j: -self.cost[j["key"]]))
+        self.left_cost = sum(self.cost[j["key"]] for j in (*self.pending, *self.deferred))
 
     # -- dispatch --
     def take(self) -> dict[str, Any] | None:
@@ -447,6 +474,8 @@ class _Run:
         depth = QUEUE_DEPTH if len(self.pending) >= n_slots * QUEUE_DEPTH else 1
         while slot.ready and len(slot.batches) < depth:
             target = self.left_cost / (n_slots * 4)
+            if slot.batches and self.pending and self.cost[self.pending[0]["key"]] > target:
+                return  # a long job waits for an idle worker, never queues behind another
             batch: list[dict[str, Any]] = []
             size = 0.0
             while len(batch) < o.max_batch and (not batch or size < target):

@@ -47,3 +47,81 @@ def test_eta_counts_from_the_first_ready_worker_not_from_ray_start_up():
     progress.record(JobRecord("k", "compiled", 0.5))
     text = progress.status_text()
     assert "1.0 cfg/s" in text and "ETA 9s" in text, text
+
+
+def test_a_kernel_slower_than_guessed_is_rescaled_and_recorded_jobs_are_not(tmp_path):
+    with Store(tmp_path / "c", readonly=False) as store:
+        store.put_compile("old", b"x", symbol="s", meta={"kernel": "mm", "arch": "sm_90",
+                                                          "config": {"T": 64},
+                                                          "compile_seconds": 0.5})
+        estimate = estimator(store)
+    attn = [{"key": f"a{t}", "kernel": "attn", "arch": "sm_90", "config": {"BM": t}}
+            for t in (64, 128)]
+    gemm = {"key": "g", "kernel": "gemm", "arch": "sm_90", "config": {"TM": 256, "TN": 256}}
+    recorded = _job("r", {"T": 64})
+    before = [estimate(j) for j in (*attn, gemm, recorded)]
+    assert before[2] > before[1] > before[0] and before[3] == 0.5  # bigger tiles guess longer
+    assert estimate.learn(attn[0], before[0] * 20)  # attention is 20x slower than guessed
+    assert abs(estimate(attn[1]) / before[1] - 20) < 1e-6
+    assert estimate(gemm) == before[2] and estimate(recorded) == 0.5  # others unchanged
+    assert not estimate.learn(attn[0], before[0] * 21)  # a small move: no re-rank asked
+    assert not estimate.learn(recorded, 9.0) and estimate(recorded) == 0.5
+
+
+class _FlipAfterFirst:
+    """An estimate that ranks "x*" jobs first until a job finishes, then "y*" jobs."""
+
+    def __init__(self) -> None:
+        self.learned = 0
+
+    def __call__(self, job: dict) -> float:
+        first = "y" if self.learned else "x"
+        return 10.0 if job["key"].startswith(first) else 1.0
+
+    def learn(self, job: dict, seconds: float) -> bool:
+        self.learned += 1
+        return self.learned == 1
+
+
+def test_the_farm_re_ranks_jobs_not_yet_handed_out_when_estimates_change(tmp_path):
+    est = _FlipAfterFirst()
+    jobs = [{"key": k, "payload": k} for k in ("y1", "x1", "y2", "x2", "x3")]
+    order: list[str] = []
+    with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=1, max_batch=1,
+              sys_paths=[str(FIXTURE)], estimate=est, learn=est.learn) as farm:
+        result = farm.run(jobs, on_record=lambda r: order.append(r.key))
+    assert result.count("compiled") == 5 and est.learned == 5
+    # x1 went out alone (a long job never queues behind another); after its result the y
+    # jobs outrank the x jobs left
+    assert order == ["x1", "y1", "y2", "x2", "x3"], order
+
+
+def test_two_long_jobs_never_queue_on_one_worker_while_another_is_idle(tmp_path):
+    cost = {"h1": 10.0, "h2": 9.0}
+    jobs = [{"key": k, "payload": k, "sleep": 3.0 if k in cost else 0.0}
+            for k in ("h1", "h2", "s1", "s2", "s3", "s4")]
+    with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=2,
+              sys_paths=[str(FIXTURE)], estimate=lambda j: cost.get(j["key"], 0.1)) as farm:
+        result = farm.run(jobs)
+    by_key = {r.key: r for r in result.records}
+    assert result.count("compiled") == 6
+    assert by_key["h1"].worker != by_key["h2"].worker  # each long job had a worker to itself
+
+
+def test_each_unrecorded_kernels_largest_config_is_assumed_as_long_as_the_longest_job(tmp_path):
+    with Store(tmp_path / "c", readonly=False) as store:
+        store.put_compile("old", b"x", symbol="s", meta={"kernel": "mm", "arch": "sm_90",
+                                                          "config": {"T": 64},
+                                                          "compile_seconds": 30.0})
+        estimate = estimator(store)
+    attn = [{"key": f"a{t}", "kernel": "attn", "arch": "sm_90", "config": {"BM": t}}
+            for t in (32, 64, 128)]
+    recorded = _job("r", {"T": 64})
+    jobs = [*attn, recorded]
+    plain = [estimate(j) for j in jobs]
+    estimate.plan(jobs)
+    # the recorded 30 s job is the longest; attention's largest config is assumed as long
+    assert estimate(attn[2]) == 30.0 and [estimate(j) for j in attn[:2]] == plain[:2]
+    assert estimate(recorded) == 30.0
+    estimate.learn(attn[0], plain[0] * 3)  # attention's first result: guesses x3, no scout
+    assert abs(estimate(attn[2]) - plain[2] * 3) < 1e-9

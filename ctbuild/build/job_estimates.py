@@ -2,23 +2,35 @@
 
 The best guess is what the cache already knows: the ``compile_seconds`` it recorded for an
 earlier build of the same kernel, config and arch (any workload or kernel version: compile time
-follows the tile shapes far more than the source details). Without one, the config's tile
-volume (the product of its power-of-two entries of 16 or more) stands in, scaled so that a
-recorded kernel's jobs and a new kernel's jobs rank together sensibly.
+follows the tile shapes far more than the source details). Without one, a power of the config's
+tile volume (the product of its power-of-two entries of 16 or more) stands in: tileiras' time
+grows about as volume^0.75 (0.13 s at 2^9, 0.3 s at 2^17, 6 s at 2^22 for the examples and the
+benchmark GEMMs). Magnitudes matter as much as the order: the farm sizes its batches by them,
+and two "0.5 s" guesses that are really 6 s each must not share a batch.
+
+A guess can be far off for a kernel whose cost hides elsewhere (an attention kernel's head
+dimension is no config entry). So, for each kernel and arch with no record, its largest config
+is assumed as long as the build's longest job: it starts among the first, and a kernel that is
+heavier than its tiles say does not end up at the tail. And the estimator learns while the
+build runs: each compiled job of a kernel without records rescales that kernel's guesses (per
+arch, else per kernel) by the geometric mean of its measured/guessed ratios, and the farm
+re-ranks the jobs it has not handed out yet.
 """
 from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..records import CompileMeta, RecordFormatError
 
 if TYPE_CHECKING:
     from cache import Store
 
-#: Seconds assumed per unit of log2(tile volume) when nothing is recorded.
-SECONDS_PER_LOG2_VOLUME = 0.02
+#: The guess without a record: BASE + SCALE * tile_volume ** POWER seconds.
+GUESS_BASE, GUESS_SCALE, GUESS_POWER = 0.1, 6.5e-5, 0.75
+#: A learned scale that moves by more than this factor makes the farm re-rank.
+RERANK_FACTOR = 1.25
 
 
 def _identity(kernel: str, arch: str, config: dict[str, Any]) -> str:
@@ -54,14 +66,63 @@ def recorded_seconds(store: Store) -> dict[str, float]:
     return {ident: secs for ident, (_, secs) in newest.items()}
 
 
-def estimator(store: Store) -> Callable[[dict[str, Any]], float]:
-    """``estimate(job) -> seconds`` for planned jobs (dicts of `CompileJob.to_json`)."""
-    known = recorded_seconds(store)
+def guess(config: dict[str, Any]) -> float:
+    """Seconds a compile of ``config`` takes, from its tile volume alone (see the module)."""
+    return GUESS_BASE + GUESS_SCALE * tile_volume(config) ** GUESS_POWER
 
-    def estimate(job: dict[str, Any]) -> float:
-        hit = known.get(_identity(job["kernel"], job["arch"], job["config"]))
+
+class JobEstimator:
+    """``estimate(job) -> seconds`` for planned jobs (dicts of `CompileJob.to_json`): the
+    recorded seconds, else the `guess` times what this build has learned of the kernel."""
+
+    def __init__(self, known: dict[str, float]) -> None:
+        self.known = known
+        self._logs: dict[tuple[str, ...], list[float]] = {}   # group -> log(measured/guess)
+        self._scale: dict[tuple[str, ...], float] = {}
+        self._scouts: dict[str, tuple[str, str]] = {}   # job key -> its (kernel, arch)
+        self._longest = 0.0
+
+    def plan(self, jobs: list[dict[str, Any]]) -> None:
+        """Pick each unrecorded (kernel, arch)'s scout among the build's ``jobs``: its largest
+        config, assumed as long as the longest job until that kernel's first result."""
+        top: dict[tuple[str, str], tuple[float, str]] = {}
+        self._scouts, self._longest = {}, 0.0
+        for job in jobs:
+            secs = self(job)
+            self._longest = max(self._longest, secs)
+            if _identity(job["kernel"], job["arch"], job["config"]) not in self.known:
+                group = (job["kernel"], job["arch"])
+                top[group] = max(top.get(group, (secs, job["key"])), (secs, job["key"]))
+        self._scouts = {key: group for group, (_, key) in top.items()}
+
+    def __call__(self, job: dict[str, Any]) -> float:
+        hit = self.known.get(_identity(job["kernel"], job["arch"], job["config"]))
         if hit is not None:
             return hit
-        return 0.1 + SECONDS_PER_LOG2_VOLUME * math.log2(tile_volume(job["config"]))
+        kernel, arch = job["kernel"], job["arch"]
+        scale = self._scale.get((kernel, arch), self._scale.get((kernel,)))
+        if scale is None and job["key"] in self._scouts:
+            return max(self._longest, guess(job["config"]))
+        return guess(job["config"]) * (1.0 if scale is None else scale)
 
-    return estimate
+    def learn(self, job: dict[str, Any], seconds: float) -> bool:
+        """Take a compiled job's seconds into its kernel's scale; True when a scale moved by
+        more than `RERANK_FACTOR` (then the jobs not handed out yet should be re-ranked)."""
+        if seconds <= 0 or _identity(job["kernel"], job["arch"], job["config"]) in self.known:
+            return False
+        ratio = math.log(seconds / guess(job["config"]))
+        moved = False
+        for group in ((job["kernel"], job["arch"]), (job["kernel"],)):
+            logs = self._logs.setdefault(group, [])
+            logs.append(ratio)
+            new = math.exp(sum(logs) / len(logs))
+            old = self._scale.get(group)
+            self._scale[group] = new
+            if old is None or max(new / old, old / new) > RERANK_FACTOR:
+                moved = True
+        return moved
+
+
+def estimator(store: Store) -> JobEstimator:
+    """The estimator of a build into ``store``: what it recorded, then guesses that learn."""
+    return JobEstimator(recorded_seconds(store))

@@ -202,8 +202,10 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     """Probe, plan, compile on ``farm``; the summary goes to ``out`` (the real stdout)."""
     from ..build.job_estimates import estimator
     from ..build.plan import make_plan
-    from ..toolchain import probe, record_in
+    from ..cutile import load_compiler_without_torch
+    from ..toolchain import probe, record_in, shareable
     archs = list(project.archs) + [a for a in record_archs if a not in project.archs]
+    load_compiler_without_torch()  # planning needs no torch either: about 1 s sooner
     toolchain = probe()
     plan = make_plan(kernels, archs, toolchain.fingerprint, project.cap, extra_workloads=extra,
                      generic=project.generic, devices=project.devices)
@@ -214,12 +216,16 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     try:
         with Store(project.cache_dir, readonly=False) as store:
             record_in(store, toolchain)
-            farm.options.estimate = estimator(store)
+            estimate = estimator(store)
+            farm.options.estimate, farm.options.learn = estimate, estimate.learn
     except (CacheError, OSError, ValueError, sqlite3.Error) as exc:
         return fail(f"cache {project.cache_dir}: {exc}")
     farm.options.expect = {"toolchain": toolchain.fingerprint}
+    modules, paths = farm.options.setup_args[:2]  # workers here take this probe (`adopt`)
+    farm.options.setup_args = (modules, paths, shareable(toolchain))
 
     jobs = {key: job.to_json() for key, job in plan.jobs.items()}
+    estimate.plan(list(jobs.values()))
     result, error = _run_farm(args, farm, list(jobs.values()), stream)
     if error is not None:
         return fail(error, 1)
