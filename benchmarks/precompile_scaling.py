@@ -19,7 +19,8 @@ Reported per N: end-to-end seconds of both and their ratio (pool/farm: >= 1 mean
 faster); throughput after start-up (jobs / seconds from workers ready to the last job) and its
 ratio; the farm's start-up (Ray start to the first worker warm, overlapped with planning); and
 the floor max(sum of compile seconds / N, longest job) with the farm's compile phase and end to
-end against it. Other load
+end against it; and when the farm's longest job started and its last job finished (from its
+``--report``: where a tail comes from). Other load
 skews all of these: the load average is printed before and after.
 """
 from __future__ import annotations
@@ -109,6 +110,7 @@ def measure(config: str, archs: str | None, n: int, tmp: Path) -> dict:
     secs = pool["compile_seconds"]
     floor = max(sum(secs) / n, max(secs))
     farm_floor = max(sum(r["seconds"] for r in rows) / n, max(r["seconds"] for r in rows))
+    longest = max(rows, key=lambda r: r["seconds"])
     jobs = pool["jobs"]
     return {
         "workers": n, "jobs": jobs,
@@ -121,6 +123,9 @@ def measure(config: str, archs: str | None, n: int, tmp: Path) -> dict:
         "farm_run_vs_floor": farm["run_seconds"] / farm_floor,
         "farm_e2e_vs_floor": farm_e2e / farm_floor,
         "longest_job_s": max(secs), "sum_compile_s": sum(secs),
+        "farm_longest": {k: longest[k] for k in ("kernel", "arch", "config", "seconds",
+                                                 "started_s", "finished_s")},
+        "farm_last_finished_s": max(r["finished_s"] or 0.0 for r in rows),
     }
 
 
@@ -152,8 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         for n in counts:
             r = measure(args.config, args.arch, n, Path(tmp))
             results.append(r)
+            lj = r["farm_longest"]
             print(f"x{n}: {r['jobs']} jobs; pool e2e {r['pool_e2e_s']:.1f} s, farm e2e "
-                  f"{r['farm_e2e_s']:.1f} s; load {os.getloadavg()[0]:.2f}", flush=True)
+                  f"{r['farm_e2e_s']:.1f} s; the farm's longest job ({lj['kernel']} "
+                  f"{lj['arch']} {lj['config']}, {lj['seconds']:.1f} s) started "
+                  f"{lj['started_s']} s after the first worker was ready, the last job finished "
+                  f"at {r['farm_last_finished_s']:.1f} s; load {os.getloadavg()[0]:.2f}",
+                  flush=True)
     print()
     print(f"{'workers':>7} {'pool e2e s':>10} {'farm e2e s':>10} {'e2e ratio':>9} "
           f"{'pool run s':>10} {'farm run s':>10} {'thr ratio':>9} {'start-up s':>10} "

@@ -7,10 +7,11 @@ a shared filesystem, and a killed build keeps every entry stored before it died.
 Scheduling: jobs go out longest first (by the caller's ``estimate``, re-ranked whenever its
 ``learn`` says a finished job changed it), each worker as soon as it is warm (no waiting for
 the others). Every worker slot has at most two batches queued (one running, one waiting, so it
-never idles between batches), but a long job (over a batch's share) only goes to a worker with
-nothing queued: two heavy jobs in a row on one worker set the finish time; a batch holds about
-1/(4 x workers) of the estimated work left (guided self-scheduling), so small jobs are batched
-and the tail stays balanced. Records stream back per job (``num_returns="streaming"``), which
+never idles between batches), but nothing waits behind a long batch (over a batch's share) and
+a long job only goes to a worker with nothing queued: work queued behind a long job on one
+worker, while others idle, sets the finish time. A batch holds about 1/(4 x workers) of the
+estimated work left (guided self-scheduling), so small jobs are batched and the tail stays
+balanced. Records stream back per job (``num_returns="streaming"``), which
 tells the driver exactly which job each worker is on:
 
 * a worker process that dies (segfault, os._exit, OOM kill) -> the job it was on is retried on
@@ -78,6 +79,7 @@ class FarmOptions:
 class _Batch:
     jobs: list[dict[str, Any]]
     gen: Any
+    cost: float = 0.0   # estimated seconds
     done: int = 0
 
 
@@ -132,6 +134,7 @@ class Farm:
         self.fatal: str | None = None
         self._t_start = 0.0
         self._first_ready: float | None = None
+        self._origin: float | None = None   # time.monotonic() when the first worker was ready
         self._owned = False
         self._reaper: int | None = None
         self._remote: Any = None
@@ -278,7 +281,7 @@ class Farm:
                               f"{info.get(k)!r} but the driver has {want!r}: every worker must "
                               "run the same toolchain and sources as the driver")
         if self._first_ready is None and not self.fatal:
-            self._first_ready = time.perf_counter()
+            self._first_ready, self._origin = time.perf_counter(), time.monotonic()
             self.startup_seconds = self._first_ready - self._t_start
 
     def _stop_workers(self) -> None:
@@ -384,6 +387,7 @@ class _Run:
         self.pending: deque = deque()
         self.deferred: list[dict[str, Any]] = []   # claimed by another build
         self.attempts: dict[str, int] = {}
+        self.began: dict[str, float] = {}   # key -> when its worker started it (monotonic)
         self.cost: dict[str, float] = {}
         self.left_cost = 0.0
 
@@ -394,6 +398,10 @@ class _Run:
         key = job["key"]
         self.claims.release(key)
         rec = JobRecord(key, status, seconds, error, error_type, self.attempts.get(key, 0), worker)
+        began, origin = self.began.pop(key, None), self.farm._origin
+        if began is not None and origin is not None:  # when it ran, as the driver saw it
+            rec.started = round(max(0.0, began - origin), 3)
+            rec.finished = round(time.monotonic() - origin, 3)
         self.records[key] = rec
         if self.on_record:
             self.on_record(rec)
@@ -474,8 +482,9 @@ class _Run:
         depth = QUEUE_DEPTH if len(self.pending) >= n_slots * QUEUE_DEPTH else 1
         while slot.ready and len(slot.batches) < depth:
             target = self.left_cost / (n_slots * 4)
-            if slot.batches and self.pending and self.cost[self.pending[0]["key"]] > target:
-                return  # a long job waits for an idle worker, never queues behind another
+            if slot.batches and (slot.batches[-1].cost > target or (
+                    self.pending and self.cost[self.pending[0]["key"]] > target)):
+                return  # nothing queues behind a long batch, no long job behind another
             batch: list[dict[str, Any]] = []
             size = 0.0
             while len(batch) < o.max_batch and (not batch or size < target):
@@ -491,7 +500,7 @@ class _Run:
                 batch, o.compile_timeout)
             if not slot.batches:
                 slot.since = time.monotonic()
-            slot.batches.append(_Batch(batch, gen))
+            slot.batches.append(_Batch(batch, gen, size))
 
     def requeue(self, slot: _Slot, blame: str | None, why: str) -> None:
         """The slot's worker is gone: blame its current job (retry or fail), re-queue the rest."""
@@ -512,6 +521,7 @@ class _Run:
             key = current["key"]
             self.attempts[key] = self.attempts.get(key, 0) + 1
             worker = (slot.info or {}).get("worker", slot.name)
+            self.began[key] = slot.since
             if blame == "Timeout":
                 self.finish(current, FAILED, error=why, error_type="Timeout", worker=worker)
             elif self.attempts[key] > self.farm.options.max_retries:
@@ -613,7 +623,7 @@ class _Run:
             return
         job = batch.jobs[batch.done]
         batch.done += 1
-        slot.since = time.monotonic()
+        self.began[job["key"]], slot.since = slot.since, time.monotonic()
         self.attempts[job["key"]] = self.attempts.get(job["key"], 0) + 1
         if rec["status"] == COMPILED:
             self.land(job, rec)

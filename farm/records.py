@@ -23,6 +23,10 @@ class JobRecord:
     error_type: str | None = None  # exception class name, "WorkerDied", "Timeout", "Aborted"
     attempts: int = 0             # how many times a worker started this job
     worker: str | None = None     # "host:pid" of the worker that finished it
+    # seconds from the first worker ready to when the job's worker started / finished it, as
+    # the driver saw it (None for jobs no worker ran): where a build's tail comes from
+    started: float | None = None
+    finished: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -49,12 +49,17 @@ def test_eta_counts_from_the_first_ready_worker_not_from_ray_start_up():
     assert "1.0 cfg/s" in text and "ETA 9s" in text, text
 
 
-def test_a_kernel_slower_than_guessed_is_rescaled_and_recorded_jobs_are_not(tmp_path):
+def _estimator_recording(tmp_path, seconds: float):
+    """The estimator of a cache that recorded one earlier compile: mm {"T": 64} on sm_90."""
     with Store(tmp_path / "c", readonly=False) as store:
         store.put_compile("old", b"x", symbol="s", meta={"kernel": "mm", "arch": "sm_90",
                                                           "config": {"T": 64},
-                                                          "compile_seconds": 0.5})
-        estimate = estimator(store)
+                                                          "compile_seconds": seconds})
+        return estimator(store)
+
+
+def test_a_kernel_slower_than_guessed_is_rescaled_and_recorded_jobs_are_not(tmp_path):
+    estimate = _estimator_recording(tmp_path, 0.5)
     attn = [{"key": f"a{t}", "kernel": "attn", "arch": "sm_90", "config": {"BM": t}}
             for t in (64, 128)]
     gemm = {"key": "g", "kernel": "gemm", "arch": "sm_90", "config": {"TM": 256, "TN": 256}}
@@ -109,11 +114,7 @@ def test_two_long_jobs_never_queue_on_one_worker_while_another_is_idle(tmp_path)
 
 
 def test_each_unrecorded_kernels_largest_config_is_assumed_as_long_as_the_longest_job(tmp_path):
-    with Store(tmp_path / "c", readonly=False) as store:
-        store.put_compile("old", b"x", symbol="s", meta={"kernel": "mm", "arch": "sm_90",
-                                                          "config": {"T": 64},
-                                                          "compile_seconds": 30.0})
-        estimate = estimator(store)
+    estimate = _estimator_recording(tmp_path, 30.0)
     attn = [{"key": f"a{t}", "kernel": "attn", "arch": "sm_90", "config": {"BM": t}}
             for t in (32, 64, 128)]
     recorded = _job("r", {"T": 64})
@@ -125,3 +126,31 @@ def test_each_unrecorded_kernels_largest_config_is_assumed_as_long_as_the_longes
     assert estimate(recorded) == 30.0
     estimate.learn(attn[0], plain[0] * 3)  # attention's first result: guesses x3, no scout
     assert abs(estimate(attn[2]) - plain[2] * 3) < 1e-9
+
+
+def test_nothing_queues_behind_a_long_job_while_another_worker_can_take_it(tmp_path):
+    jobs = [{"key": k, "payload": k, "sleep": 4.0 if k == "h" else 0.0}
+            for k in ["h", *(f"s{i}" for i in range(20))]]
+    with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=2, max_batch=2,
+              sys_paths=[str(FIXTURE)], estimate=lambda j: 10.0 if j["key"] == "h" else 0.1
+              ) as farm:
+        result = farm.run(jobs)
+    by_key = {r.key: r for r in result.records}
+    assert result.count("compiled") == 21
+    # the small jobs all went to the other worker, none waited behind the 4 s job
+    assert all(by_key[f"s{i}"].worker != by_key["h"].worker for i in range(20))
+
+
+def test_records_say_when_each_job_ran_after_the_first_worker_was_ready(tmp_path):
+    jobs = [{"key": k, "payload": k, "sleep": 0.5} for k in ("j1", "j2", "j3")]
+    with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=1, max_batch=1,
+              sys_paths=[str(FIXTURE)], estimate=lambda j: {"j1": 3, "j2": 2}.get(j["key"], 1)
+              ) as farm:
+        result = farm.run([*jobs, {"key": "j1", "payload": "dup"}])
+        again = farm.run(jobs)  # all cached now: no worker ran them
+    runs = [(r.started, r.finished) for r in result.records]
+    # one worker, one job at a time, each 0.5 s, in the order j1, j2, j3
+    assert all(s is not None and f is not None and f - s >= 0.5 for s, f in runs), runs
+    assert runs[0][1] <= runs[1][0] + 0.05 and runs[1][1] <= runs[2][0] + 0.05, runs
+    assert runs[2][1] <= result.run_seconds + 0.05
+    assert all(r.status == "cached" and r.started is None for r in again.records)

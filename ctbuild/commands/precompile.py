@@ -85,7 +85,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                    help="exit 0 even when some configs failed (they are still reported)")
     p.add_argument("--report", metavar="PATH",
                    help="write every job's record (key, kernel, config, arch, status, seconds, "
-                        "error) as JSON to PATH")
+                        "when it started and finished after the first worker was ready, error) "
+                        "as JSON to PATH")
     p.add_argument("--from-record", metavar="FILE", action="append", default=[],
                    help="also plan the workloads recorded at run time in FILE (JSON lines); "
                         "repeatable")
@@ -237,6 +238,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
                      "config": job["config"], "workload": job["workload"],
                      "status": rec.status, "seconds": round(rec.seconds, 4),
                      "attempts": rec.attempts, "worker": rec.worker,
+                     "started_s": rec.started, "finished_s": rec.finished,
                      "error_type": rec.error_type, "error": rec.error})
     failures = [{"key": r["key"], "kernel": r["kernel"], "arch": r["arch"],
                  "config": r["config"], "error_type": r["error_type"],
