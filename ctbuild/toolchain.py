@@ -216,11 +216,12 @@ def adopt(shared: dict[str, Any] | None) -> bool:
         if paths != shared.get("paths") or cuda_home_problem() is not None:
             return False
         mine = _stamps(paths)
-    except (OSError, ToolchainError):
+        if mine["boot"] is None or mine != shared.get("stamps"):
+            return False
+        toolchain = Toolchain(str(shared["fingerprint"]), dict(shared["profile"]), paths)
+    except (OSError, ToolchainError, KeyError, TypeError, ValueError):
         return False
-    if mine["boot"] is None or mine != shared.get("stamps"):
-        return False
-    _probed = Toolchain(shared["fingerprint"], shared["profile"], paths)
+    _probed = toolchain
     return True
 
 

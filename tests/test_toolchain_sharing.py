@@ -61,6 +61,13 @@ def test_any_difference_means_the_worker_probes_itself(shared, change):
     assert out == {"adopted": False, "fingerprint": shared["fingerprint"], "asked_tileiras": 1}
 
 
+def test_a_malformed_shared_probe_is_ignored(shared):
+    for theirs in ({}, {"paths": shared["paths"]}, {**shared, "fingerprint": None,
+                                                      "profile": None}):
+        out = _worker(theirs)
+        assert out["adopted"] is False and out["fingerprint"] == shared["fingerprint"]
+
+
 def test_rewriting_a_file_with_its_old_bytes_and_mtime_still_changes_its_stamp(tmp_path):
     f = tmp_path / "tool"
     f.write_bytes(b"v1")
