@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ctbuild.toolchain import _stamps, probe, shareable
+from ctbuild import toolchain
+from ctbuild.toolchain import _stamps, adopt, probe, shareable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,8 +44,17 @@ def test_a_worker_with_the_same_files_adopts_the_probe_without_running_tileiras(
     assert out == {"adopted": True, "fingerprint": shared["fingerprint"], "asked_tileiras": 0}
 
 
+@pytest.fixture
+def fresh_process_state():
+    """This process as a worker that has not probed yet (its own probe is put back after)."""
+    saved = toolchain._probed
+    toolchain._probed = None
+    yield
+    toolchain._probed = saved
+
+
 @pytest.mark.parametrize("change", ["boot", "file", "path", "cuda_tile", "env"])
-def test_any_difference_means_the_worker_probes_itself(shared, change):
+def test_any_difference_means_the_worker_probes_itself(shared, change, fresh_process_state):
     theirs = json.loads(json.dumps(shared))
     if change == "boot":
         theirs["stamps"]["boot"] = "another-machine"
@@ -57,15 +67,16 @@ def test_any_difference_means_the_worker_probes_itself(shared, change):
     else:
         theirs["stamps"]["env"] = {"CUDA_TILE_TESTING_DISABLE_DIV": "1"}
     theirs["fingerprint"] = "planted"
-    out = _worker(theirs)
-    assert out == {"adopted": False, "fingerprint": shared["fingerprint"], "asked_tileiras": 1}
+    assert adopt(theirs) is False and toolchain._probed is None
+    assert probe().fingerprint == shared["fingerprint"]  # its own probe, not the planted one
 
 
-def test_a_malformed_shared_probe_is_ignored(shared):
+def test_a_malformed_shared_probe_is_ignored(shared, fresh_process_state):
     for theirs in ({}, {"paths": shared["paths"]}, {**shared, "fingerprint": None,
-                                                      "profile": None}):
-        out = _worker(theirs)
-        assert out["adopted"] is False and out["fingerprint"] == shared["fingerprint"]
+                                                      "profile": None}, ["not", "a", "dict"]):
+        assert adopt(theirs) is False and toolchain._probed is None
+    assert adopt(json.loads(json.dumps(shared))) is True  # the same process takes a good one
+    assert probe().fingerprint == shared["fingerprint"]
 
 
 def test_rewriting_a_file_with_its_old_bytes_and_mtime_still_changes_its_stamp(tmp_path):
