@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import xxhash
 
-from .specs import Scalar, dtype_name
+from .specs import Scalar, contiguous_strides, dtype_name
 
 if TYPE_CHECKING:
     from .declare import TunedKernel
@@ -83,13 +83,7 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _stride_pattern(shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
-    expected, acc = [], 1
-    for dim in reversed(shape):
-        expected.append(acc)
-        acc *= max(dim, 1)
-    if tuple(reversed(expected)) == strides:
-        return "C"
-    return list(strides)
+    return "C" if contiguous_strides(shape) == strides else list(strides)
 
 
 def tensor_key(value: Any, bucket: Mapping[int, Callable[[int], int]] | None = None) -> list:

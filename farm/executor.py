@@ -438,7 +438,7 @@ class _Run:
             self.rerank()
 
     def rerank(self) -> None:
-        """Estimate the jobs not handed out yet again, longest first."""
+        """Estimate the jobs not handed out yet (again), longest first."""
         estimate = self.farm.options.estimate or (lambda job: 1.0)
         for job in (*self.pending, *self.deferred):
             self.cost[job["key"]] = max(0.0, float(estimate(job)))
@@ -536,11 +536,9 @@ class _Run:
     def loop(self, todo: list[dict[str, Any]]) -> None:
         farm, o = self.farm, self.farm.options
         ray = farm._ray
-        estimate = o.estimate or (lambda job: 1.0)
-        self.cost = {job["key"]: max(0.0, float(estimate(job))) for job in todo}
         # Longest first: the finish time nears max(total / workers, longest job).
-        self.pending = deque(sorted(todo, key=lambda j: -self.cost[j["key"]]))
-        self.left_cost = sum(self.cost.values())
+        self.pending = deque(todo)
+        self.rerank()
         limit = farm._limit()
         deadline = time.monotonic() + o.startup_timeout
         while (self.pending or self.deferred or any(s.batches for s in farm.slots)) \

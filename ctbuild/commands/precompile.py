@@ -226,8 +226,9 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     farm.options.setup_args = (modules, paths, shareable(toolchain))
 
     jobs = {key: job.to_json() for key, job in plan.jobs.items()}
-    estimate.plan(list(jobs.values()))
-    result, error = _run_farm(args, farm, list(jobs.values()), stream)
+    todo = list(jobs.values())
+    estimate.plan(todo)
+    result, error = _run_farm(args, farm, todo, stream)
     if error is not None:
         return fail(error, 1)
 
