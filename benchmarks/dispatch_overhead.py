@@ -7,10 +7,13 @@ times ``N`` back-to-back host calls of
   raw:     ct.launch(stream, grid, served_kernel, kernel_args)   (everything precomputed)
   call:    kernel(a, b, c)                (current torch stream looked up per call)
   launch:  kernel.launch(stream, a, b, c)
+  alt:     kernel(*first), kernel(*second), ...: the first two declared workloads in turn, so
+           no call repeats the layout of the call before (the key lookup of every call), next
+           to raw launches of the same two in turn
 with N below the launch-queue depth so the GPU never pushes back, rounds interleaved; the
 overhead is the median over rounds of each round's difference to its raw launches. Prints
-microseconds per call, the overhead over raw, and PASS/FAIL against
-the target (call and launch at most 1.5 us over raw, with the device named).
+microseconds per call, the overheads over raw, and PASS/FAIL against the target (call and
+launch at most 1.5 us over raw, with the device named; ``alt`` is reported beside it).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 for p in (str(ROOT), str(ROOT / "tests"), str(ROOT / "examples")):
@@ -44,17 +47,25 @@ def per_call_us(fn, calls: int) -> float:
     return dt / calls * 1e6
 
 
-def launchers(tuned, a) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]]]:
-    """After one warm call of ``tuned(*a)``: the three ways to launch it (raw, call, launch), and
-    the host-only pieces of the call path, no launch (where the overhead goes)."""
-    import cuda.tile as ct
+def _raw(tuned, a) -> tuple[Any, Any, tuple, tuple]:
+    """(grid, served kernel, kernel args, tail) of the entry a warm call of ``tuned(*a)`` made."""
     import torch
     tuned(*a)
     torch.cuda.synchronize()
     entry = tuned.runtime._entries[-1]
-    grid, kernel, kargs = entry.grid, entry.kernel, entry.build(a)
+    return entry.grid, entry.kernel, entry.build(a), entry.tail or ()
+
+
+def launchers(tuned, a, b=None
+              ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]]]:
+    """After one warm call of ``tuned(*a)`` (and of ``tuned(*b)``, another layout): the ways
+    to launch it (raw, call, launch; with ``b``, alt and raw_alt, two calls each), and the
+    host-only pieces of the call path, no launch (where the overhead goes)."""
+    import cuda.tile as ct
+    import torch
+    grid, kernel, kargs, tail = _raw(tuned, a)
     stream = torch.cuda.current_stream()
-    handle, tail = stream.cuda_stream, entry.tail or ()
+    handle = stream.cuda_stream
     variants = {
         "raw": lambda: ct.launch(stream, grid, kernel, kargs),
         "call": lambda: tuned(*a),
@@ -62,12 +73,21 @@ def launchers(tuned, a) -> tuple[dict[str, Callable[[], object]], dict[str, Call
         "raw_handle": lambda: ct.launch(handle, grid, kernel, kargs),  # the stream as an int
         "raw_fresh": lambda: ct.launch(stream, grid, kernel, a + tail),  # a new args tuple
     }
+    if b is not None:
+        grid_b, kernel_b, kargs_b, _ = _raw(tuned, b)
+        variants["raw_alt"] = lambda: (ct.launch(stream, grid, kernel, kargs),
+                                       ct.launch(stream, grid_b, kernel_b, kargs_b))
+        variants["alt"] = lambda: (tuned(*a), tuned(*b))
     rt = tuned.runtime
     parts = {
         "key_lookup": lambda: rt._fast[rt._key(*a)],
         "stream_lookup": lambda: rt._stream_of(0),
     }
     return variants, parts
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def main() -> int:
@@ -86,14 +106,17 @@ def main() -> int:
     runtime.configure(cache_dir=args.cache, mode="strict")
     out = {"device": torch.cuda.get_device_name(), "calls": args.calls, "rounds": args.rounds,
            "kernels": {}}
+    from ctbuild.serve.layout_guard import available
+    out["layout_guard"] = available()
     print(f"dispatch overhead on {out['device']} ({args.rounds} rounds x {args.calls} calls, "
-          "median us per call)")
+          f"median us per call; layout guard {'on' if out['layout_guard'] else 'unavailable'})")
     print(f"{'kernel':14} {'raw':>7} {'call':>7} {'launch':>7} {'call-raw':>9} {'launch-raw':>11}"
           f" {'call/raw':>9} {'key+dict':>9} {'stream':>7} {'raw(int)':>9} {'raw(new)':>9}"
-          f" {'keys':>10}")
+          f" {'alt-raw':>8} {'keys':>10}")
     for name, tuned in ex.load_examples().items():
         a, _ = ex.gpu_case(tuned, 0)
-        variants, parts = launchers(tuned, a)
+        b = ex.gpu_case(tuned, 1)[0] if len(tuned.workloads) > 1 else None
+        variants, parts = launchers(tuned, a, b)
         part_us = {k: min(per_call_us(fn, 2000) for _ in range(5)) for k, fn in parts.items()}
         for fn in variants.values():  # warm-up
             per_call_us(fn, 20)
@@ -106,9 +129,13 @@ def main() -> int:
         # next to it: a host whose speed drifts between rounds shifts both alike.
         over = {k: statistics.median(x - r for x, r in zip(samples[k], samples["raw"]))
                 for k in ("call", "launch")}
+        if "alt" in samples:  # two calls per sample
+            over["alt"] = statistics.median((x - r) / 2 for x, r in
+                                            zip(samples["alt"], samples["raw_alt"]))
         row = {**{f"{k}_us": v for k, v in med.items()},
                "call_overhead_us": over["call"],
                "launch_overhead_us": over["launch"],
+               "alt_overhead_us": over.get("alt"),
                "call_ratio": med["call"] / med["raw"],
                **{f"{k}_us": v for k, v in part_us.items()}}
         row["keys"] = tuned.runtime.provenance()["keys"]
@@ -117,7 +144,7 @@ def main() -> int:
               f"{row['call_overhead_us']:9.2f} {row['launch_overhead_us']:11.2f} "
               f"{row['call_ratio']:9.2f} {part_us['key_lookup']:9.2f} "
               f"{part_us['stream_lookup']:7.2f} {med['raw_handle']:9.2f} {med['raw_fresh']:9.2f}"
-              f" {row['keys']:>10}")
+              f" {_us(row['alt_overhead_us']):>8} {row['keys']:>10}")
     worst = max((max(r["call_overhead_us"], r["launch_overhead_us"]), n)
                 for n, r in out["kernels"].items())
     ok = worst[0] <= TARGET_US

@@ -60,3 +60,28 @@ def runtime_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
     yield store
     runtime.reset()
+
+
+@pytest.fixture
+def stub_gpu(runtime_store, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """The runtime on a CPU: ``ct.launch`` records its arguments, device 0 is an sm_90 GPU
+    (an H100), the stream is 0. Returns the list of launches."""
+    import ctbuild.serve.kernel_runtime as rtmod
+    from ctbuild import runtime
+    from ctbuild.serve.resolve import Resolver
+    launches: list[tuple] = []
+    monkeypatch.setattr(rtmod.ct, "launch", lambda *a: launches.append(a))
+    monkeypatch.setattr(Resolver, "_device_for", lambda self, w: 0)
+    ctx = runtime.configure(store=runtime_store, mode="default", disable_autotune=True)
+    monkeypatch.setattr(ctx, "device_info", lambda d: ("sm_90", "NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(rtmod, "current_stream_getter", lambda: (lambda d: 0))
+    return launches
+
+
+def count_slow_calls(tuned, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Appends 1 to the returned list whenever a call of ``tuned`` takes the slow path."""
+    rt = tuned.runtime
+    slow: list[int] = []
+    original = rt._first_call
+    monkeypatch.setattr(rt, "_first_call", lambda *a, **k: (slow.append(1), original(*a, **k)))
+    return slow

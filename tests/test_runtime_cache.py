@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cuda.tile as ct  # noqa: E402
-from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
+from conftest import RUNTIME_TOOLCHAIN, count_slow_calls  # noqa: E402
 from gpu_runtime_examples import ROOT, host_tensors, load_examples  # noqa: E402
 
 import ctbuild  # noqa: E402
@@ -169,36 +169,13 @@ def test_import_fails_loudly_on_another_cutile(monkeypatch: pytest.MonkeyPatch) 
         check()
 
 
-@pytest.fixture
-def stub_gpu(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """The runtime on a CPU: ``ct.launch`` records its arguments, device 0 is an sm_90 GPU,
-    the stream is 0. Returns the list of launches."""
-    import ctbuild.serve.kernel_runtime as rtmod
-    from ctbuild.serve.resolve import Resolver
-    launches: list[tuple] = []
-    monkeypatch.setattr(rtmod.ct, "launch", lambda *a: launches.append(a))
-    monkeypatch.setattr(Resolver, "_device_for", lambda self, w: 0)
-    ctx = runtime.configure(store=store, mode="default", disable_autotune=True)
-    monkeypatch.setattr(ctx, "device_info", lambda d: ("sm_90", GPU))
-    monkeypatch.setattr(rtmod, "current_stream_getter", lambda: (lambda d: 0))
-    return launches
-
-
-def _count_slow_calls(tuned, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    rt = tuned.runtime
-    slow: list[int] = []
-    original = rt._first_call
-    monkeypatch.setattr(rt, "_first_call", lambda *a, **k: (slow.append(1), original(*a, **k)))
-    return slow
-
-
 def test_hot_path_skips_the_slow_path(stub_gpu: list[tuple],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first call of a layout, calls cost a key + dict lookup + ct.launch: no lock,
     no resolution (the launch and the device are stubbed: this runs on a CPU)."""
     launches = stub_gpu
     tuned = KERNELS["rmsnorm"]
-    slow = _count_slow_calls(tuned, monkeypatch)
+    slow = count_slow_calls(tuned, monkeypatch)
     rt = tuned.runtime
     args = host_tensors(tuned.workloads[0])
     for _ in range(5):
@@ -254,7 +231,7 @@ def test_a_declaration_reading_offsets_keys_by_address(stub_gpu: list[tuple],
     offsets must not share an entry, even when their alignments agree (the layout key would
     launch the second with the first one's offset)."""
     launches = stub_gpu
-    slow = _count_slow_calls(rt_offset_copy, monkeypatch)
+    slow = count_slow_calls(rt_offset_copy, monkeypatch)
     base = torch.randn(512, dtype=torch.float16)
     out = torch.empty(256, dtype=torch.float16)
     for x in (base[:256], base[8:264], base[:256], base[1:257]):
@@ -291,7 +268,7 @@ def test_a_non_contiguous_call_makes_keys_hold_strides(stub_gpu: list[tuple],
     keys) never share an entry."""
     launches = stub_gpu
     tuned = KERNELS["silu_mul"]
-    slow = _count_slow_calls(tuned, monkeypatch)
+    slow = count_slow_calls(tuned, monkeypatch)
     n = tuned.workloads[0]["X"].shape[0]
     x, y, out = (torch.randn(n, dtype=torch.float16) for _ in range(3))
     tuned(x, y, out)

@@ -141,7 +141,7 @@ def _install(ctx: RuntimeContext | None) -> None:
     with _CONTEXT_LOCK:
         _CONTEXT = ctx
         for k in registered():
-            k._runtime = None
+            k.drop_runtime()
 
 
 def stats() -> dict[str, Any]:

@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .layout_guard import never
 from .served_kernel import ServedKernel
 
 
 class Entry:
     """A resolved call layout: grid, served kernel, the recipe of the kernel arguments, the
-    device, the ``reset_to_zero`` positions, a launch count and what resolved it (``info``,
-    filled after its first launch, for provenance)."""
-    __slots__ = ("grid", "kernel", "tail", "recipe", "rebuild", "device", "zero", "calls", "info")
+    device, the ``reset_to_zero`` positions, a launch count, what resolved it (``info``,
+    filled after its first launch, for provenance) and, where the runtime sets one, the
+    guard and scalars that recognise a call of exactly its first call's layout
+    (`layout_guard`)."""
+    __slots__ = ("grid", "kernel", "tail", "recipe", "rebuild", "device", "zero", "calls", "info",
+                 "guard", "scalars", "reguards")
 
     def __init__(self, grid: tuple[int, ...], kernel: ServedKernel, call_args: tuple,
                  kernel_args: tuple, rebuild: Callable[[tuple], tuple], device: int,
@@ -22,6 +26,9 @@ class Entry:
         self.rebuild = rebuild
         self.calls = 0
         self.info: dict[str, Any] = {}
+        self.guard: Callable[..., bool] = never
+        self.scalars: tuple = ()
+        self.reguards = 0
 
     def build(self, args: tuple) -> tuple:
         """The kernel arguments of a call with these call arguments."""

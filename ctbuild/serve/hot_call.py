@@ -1,34 +1,38 @@
 """The hot path's code, generated per argument kinds (as a JIT's launcher is per signature).
 
-A warm call costs one frame here: unpack the arguments, build the key inline, look the entry
-up, launch. Written as ordinary methods the same work took four frames and a call to a
-separate key function, about 0.4 us more per call, which is most of the budget. The template
-is the whole hot path; everything uncommon goes back to the runtime's methods:
+A warm call costs one frame here: unpack the arguments, find the entry, launch. The entry is
+found by asking the one served last whether the call has its layout (`layout_guard`: one C
+call, where the kinds of arguments allow it), else by building the key inline and looking it
+up. Written as ordinary methods the same work took four frames and a call to a separate key
+function, about 0.4 us more per call, which is most of the budget. The template is the whole
+hot path; everything uncommon goes back to the runtime's methods:
 
 - keywords -> ``rt.with_keywords`` (binds them, then calls this again),
 - no entry, or arguments of other kinds -> ``rt._first_call`` (the slow path),
+- the last entry's guard refusing a call its key matches -> ``rt.reguard`` (a few times),
 - an entry that zeroes arguments or rebuilds kernel arguments -> ``rt.launch_entry``,
 - any launch error (`served_kernel.LayoutChanged` included) -> ``rt.launch_failed``.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import cuda.tile as ct
 
+from .layout_guard import GuardPlan, never
 from .live_args import key_expression
 
 if TYPE_CHECKING:
     from .kernel_runtime import KernelRuntime
 
 _TEMPLATE = '''
-def {name}({stream_param}args, kwargs):
+def {name}({stream_param}*args, **kwargs):
     if kwargs:
         return rt.with_keywords({stream}, args, kwargs)
     try:
         [{params}] = args
-        entry = rt._fast[{key}]
+{lookup}
     except Exception:  # a new layout (KeyError) or other argument kinds: the slow path
         return rt._first_call({stream}, args)
     tail = entry.tail
@@ -43,16 +47,41 @@ def {name}({stream_param}args, kwargs):
 '''
 
 
-def hot_calls(rt: KernelRuntime, args: tuple, with_device: bool, level: str
-              ) -> tuple[Callable[[tuple, dict], None], Callable[[Any, tuple, dict], None]]:
-    """``(call(args, kwargs), launch(stream, args, kwargs))`` for calls with the kinds of
-    ``args``, keyed as `live_args.key_expression` says."""
+_LOOKUP = "        entry = rt._fast[{key}]"
+
+_GUARDED_LOOKUP = """\
+        last = rt._last
+        if {test}:
+            entry = last
+        else:
+            entry = rt._fast[{key}]
+            if entry is not last:
+                rt._last = entry
+            elif last.guard is not never:
+                rt.reguard(entry, args)"""
+
+
+def hot_calls(rt: KernelRuntime, args: tuple, with_device: bool, level: str,
+              guard: GuardPlan | None
+              ) -> tuple[Callable[..., None], Callable[..., None]]:
+    """``(call(*args, **kwargs), launch(stream, *args, **kwargs))`` for calls with the kinds of
+    ``args``, keyed as `live_args.key_expression` says; with a ``guard`` plan (tensor and
+    scalar positions), the entry served last is asked first."""
     params, key, namespace = key_expression(args, with_device, level)
-    namespace.update(rt=rt, ct_launch=ct.launch)
+    namespace.update(rt=rt, ct_launch=ct.launch, never=never)
+    if guard is None:
+        lookup = _LOOKUP.format(key=key)
+    else:
+        tensors, scalars = guard
+        test = f"last.guard({', '.join(f'a{i}' for i in tensors)})"
+        if scalars:
+            pairs = ", ".join(f"type(a{i}), a{i}" for i in scalars)
+            test += f" and ({pairs}) == last.scalars"
+        lookup = _GUARDED_LOOKUP.format(test=test, key=key)
     source = _TEMPLATE.format(name="hot_call", stream_param="", stream="None",
                               stream_expr="rt._stream_of(entry.device)", params=params,
-                              key=key) + \
+                              lookup=lookup) + \
         _TEMPLATE.format(name="hot_launch", stream_param="stream, ", stream="stream",
-                         stream_expr="stream", params=params, key=key)
+                         stream_expr="stream", params=params, lookup=lookup)
     exec(compile(source, f"<ctbuild hot path of {rt.name}>", "exec"), namespace)
     return namespace["hot_call"], namespace["hot_launch"]

@@ -1,8 +1,9 @@
 """The hot path: launch a declared kernel warm from the cache.
 
 ``matmul(a, b, c)`` (current torch stream) or ``matmul.launch(stream, a, b, c)`` runs code
-generated for the call's argument kinds (`hot_call`): one flat key of the call
-(`live_args.key_expression`), inline, looks up an `Entry`, and the entry is launched. No
+generated for the call's argument kinds (`hot_call`): the entry served last is asked whether
+the call has exactly its layout (`layout_guard`, one C call); if not, one flat key of the call
+(`live_args.key_expression`), inline, looks up an `Entry`; the entry is launched. No
 Workload, no declared key/grid/args function, no cache access, no lock.
 
 The key holds per tensor what the kernel's declared functions read of it (`declaration_reads`:
@@ -32,6 +33,7 @@ from .declaration_reads import KEY_LEVELS
 from .entry import Entry
 from .errors import KernelCallError, reraise_named
 from .hot_call import hot_calls
+from .layout_guard import MAX_REGUARDS, GuardPlan, guard_plan, make_guard, never, scalars_of
 from .live_args import make_key_fn
 from .miss_policy import CacheMissError, RuntimeConfigError
 from .resolve import Resolved, Resolver, explanation
@@ -60,6 +62,10 @@ def _no_key(*args: Any) -> tuple:
     raise KeyError("no key function yet")
 
 
+#: What the hot path asks first before any entry was served: it recognises no call.
+_NO_ENTRY = Entry((), None, (), (), tuple, 0, ())  # type: ignore[arg-type]
+
+
 class KernelRuntime:
     """Launches one declared kernel warm from the cache."""
 
@@ -69,6 +75,8 @@ class KernelRuntime:
         self.resolver = Resolver(tuned, self.ctx)
         self._lock = self.resolver.lock
         self._fast: dict[tuple, Entry] = {}
+        self._last: Entry = _NO_ENTRY  # the entry the hot path served last
+        self._guard: GuardPlan | None = None  # how hot-path code guards `_last` (None: no)
         self._entries: list[Entry] = []
         self._retired: Counter = Counter()  # provenance totals of rows `_retire` dropped
         self._zero_idx = tuple(tuned.params.index(n) for n in tuned.reset_to_zero)
@@ -76,27 +84,35 @@ class KernelRuntime:
         self._multi_gpu = visible_gpus() != 1
         self._key: Any = _no_key
         self._keys = KEY_LEVELS[0]  # what keys hold: `declaration_reads.KEY_LEVELS`
-        #: ``kernel(*args, **kwargs)`` and ``kernel.launch(stream, ...)``: the slow path until
-        #: a call is keyed, then code generated for the arguments' kinds (`hot_call`).
-        self.call: Callable[[tuple, dict], None] = self._call_first
-        self.launch: Callable[[Any, tuple, dict], None] = self._launch_first
+        #: ``kernel(*args, **kwargs)`` and ``kernel.launch(stream, ...)`` (the kernel calls
+        #: them directly: `_route`): the slow path until a call is keyed, then code generated
+        #: for the arguments' kinds (`hot_call`).
+        self.call: Callable[..., None] = self._call_first
+        self.launch: Callable[..., None] = self._launch_first
 
     def __repr__(self) -> str:
         return f"<KernelRuntime {self.name} mode={self.ctx.mode} entries={len(self._entries)}>"
 
-    def _call_first(self, args: tuple, kwargs: dict) -> None:
+    def _call_first(self, *args: Any, **kwargs: Any) -> None:
         """``call`` before any call was keyed: the slow path."""
         self.with_keywords(None, args, kwargs) if kwargs else self._first_call(None, args)
 
-    def _launch_first(self, stream: Any, args: tuple, kwargs: dict) -> None:
+    def _launch_first(self, stream: Any, *args: Any, **kwargs: Any) -> None:
         """``launch`` before any call was keyed: the slow path."""
         self.with_keywords(stream, args, kwargs) if kwargs else self._first_call(stream, args)
+
+    def _route(self, call: Callable[..., None], launch: Callable[..., None]) -> None:
+        """Switch ``call`` and ``launch``, and the kernel's calls with them while this is its
+        runtime (after a context reset the kernel has a new one)."""
+        self.call, self.launch = call, launch
+        if self.tuned._runtime is self:
+            self.tuned.route(call, launch)
 
     def with_keywords(self, stream: Any, args: tuple, kwargs: dict) -> None:
         """A call with keyword arguments: bind them to positions, then the hot path."""
         w = self.tuned.bind(*args, **kwargs)
         args = tuple(w.args[p] for p in self.tuned.params)
-        self.call(args, {}) if stream is None else self.launch(stream, args, {})
+        self.call(*args) if stream is None else self.launch(stream, *args)
 
     def launch_entry(self, entry: Entry, stream: Any, args: tuple) -> None:
         """`_launch` for the hot path, which leaves it the entries that zero arguments or
@@ -115,6 +131,15 @@ class KernelRuntime:
         if self._raw_stream_refused(exc, stream):
             return self.launch_entry(entry, stream, args)
         reraise_named(exc, self.tuned)
+
+    def reguard(self, entry: Entry, args: tuple) -> None:
+        """The hot path found ``entry`` by its key after its guard refused the call (same key,
+        other strides of a size-1 dim, say, or another ``inference_mode``): guard it with
+        this call's layout, a few times at most (`layout_guard.MAX_REGUARDS`)."""
+        entry.reguards += 1
+        plan = self._guard
+        entry.guard = make_guard(args, plan) if plan is not None and \
+            entry.reguards <= MAX_REGUARDS else never
 
     def _raw_stream_refused(self, exc: Exception, stream: Any) -> bool:
         """Whether a launch on the current stream failed because cuTile takes no raw stream
@@ -181,7 +206,10 @@ class KernelRuntime:
         if key is not None:
             if len(self._fast) >= MAX_FAST_ENTRIES:
                 self._retire()
-            self._fast[key] = entry
+            if self._guard is not None:
+                entry.guard, entry.scalars = make_guard(args, self._guard), \
+                    scalars_of(args, self._guard)
+            self._fast[key], self._last = entry, entry
         self._entries.append(entry)
 
     def _retire(self) -> None:
@@ -189,15 +217,16 @@ class KernelRuntime:
         that varies without bound must not grow memory."""
         self._retired += provenance.totals(self._entries)
         self._retired["rows", "dropped"] += len(self._entries)
-        self._entries, self._fast = [], {}
+        self._entries, self._fast, self._last = [], {}, _NO_ENTRY
 
     def _key_at_least(self, keys: str) -> bool:
         """From now on keys hold at least what ``keys`` names; when that is more than they
         held, the memo starts over and this returns True."""
         if KEY_LEVELS.index(keys) <= KEY_LEVELS.index(self._keys):
             return False
-        self._keys, self._key, self._fast = keys, _no_key, {}
-        self.call, self.launch = self._call_first, self._launch_first
+        self._keys, self._key, self._fast, self._last = keys, _no_key, {}, _NO_ENTRY
+        self._guard = None
+        self._route(self._call_first, self._launch_first)
         return True
 
     def _memo_key(self, args: tuple) -> tuple | None:
@@ -213,8 +242,11 @@ class KernelRuntime:
             hash(key)
         except Exception:
             return None
-        self._key, self._fast = key_fn, {}
-        self.call, self.launch = hot_calls(self, args, self._multi_gpu, self._keys)
+        self._key, self._fast, self._last = key_fn, {}, _NO_ENTRY
+        # Exact sizes and strides decide more than keys of these levels; the weaker ones
+        # (alignment, address) are not guarded.
+        self._guard = guard_plan(args) if self._keys in KEY_LEVELS[:2] else None
+        self._route(*hot_calls(self, args, self._multi_gpu, self._keys, self._guard))
         return key
 
     # ---- resolution and reports (not on the hot path) ----

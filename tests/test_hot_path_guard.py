@@ -1,0 +1,124 @@
+"""The hot path asks the entry it served last first (`layout_guard`), on a CPU with the launch
+stubbed: a repeated layout skips the key lookup, and no other layout is ever served by it."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import count_slow_calls  # noqa: E402
+from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
+
+from ctbuild.serve import layout_guard  # noqa: E402
+from ctbuild.serve.layout_guard import MAX_REGUARDS, guard_plan, make_guard, never  # noqa: E402
+
+KERNELS = load_examples()
+
+
+class _CountingDict(dict):
+    """The hot path's memo, counting key lookups."""
+
+    def __init__(self, items: dict, lookups: list[int]) -> None:
+        super().__init__(items)
+        self.lookups = lookups
+
+    def __getitem__(self, key: Any) -> Any:
+        self.lookups.append(1)
+        return super().__getitem__(key)
+
+
+def _count_lookups(rt: Any) -> list[int]:
+    lookups: list[int] = []
+    rt._fast = _CountingDict(rt._fast, lookups)
+    return lookups
+
+
+def test_guards_tell_exact_layouts_apart() -> None:
+    assert layout_guard.available()
+    x = torch.zeros(4, 8, dtype=torch.float16)
+    plan = guard_plan((x, 1e-6, None, True))
+    assert plan == ((0,), (1, 2, 3))
+    assert guard_plan((x, (1, 2))) is None and guard_plan((1.0, 2)) is None
+    guard = make_guard((x,), ((0,), ()))
+    assert guard(x) and guard(torch.ones(4, 8, dtype=torch.float16))
+    for other in (torch.zeros(4, 9, dtype=torch.float16), torch.zeros(4, 8),
+                  torch.zeros(8, 4, dtype=torch.float16).t(),
+                  torch.zeros(4, 16, dtype=torch.float16)[:, :8],
+                  torch.zeros(4, 8, dtype=torch.float16, requires_grad=True)):
+        assert not guard(other)
+    assert not never(x)
+
+
+def test_a_repeated_layout_skips_the_key_lookup(stub_gpu: list[tuple],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    launches = stub_gpu
+    tuned = KERNELS["rmsnorm"]
+    slow = count_slow_calls(tuned, monkeypatch)
+    rt = tuned.runtime
+    args = host_tensors(tuned.workloads[0])
+    tuned(*args)
+    lookups = _count_lookups(rt)
+    for seed in range(3):  # new tensors, the same layout
+        tuned(*host_tensors(tuned.workloads[0], seed=seed))
+    tuned.launch(0, *args)
+    assert lookups == [] and len(slow) == 1
+    tuned(args[0], args[1], args[2], 1e-5)  # another eps: no key either, a new entry
+    assert len(slow) == 2 and len(lookups) == 1
+    tuned(*args)  # back: the last entry (eps 1e-5) refuses, the key finds the first one
+    tuned(*args)  # ... which is asked first now
+    assert len(slow) == 2 and len(lookups) == 2
+    assert [la[3][3] for la in launches] == [1e-6] * 5 + [1e-5, 1e-6, 1e-6]
+    assert rt.provenance()["launches"] == 8
+
+
+def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple]) -> None:
+    """Shapes, dtypes and strides that differ from the last call's are each launched with
+    what resolving them says: their own grid and their own pinned served kernel."""
+    launches = stub_gpu
+    tuned = KERNELS["matmul"]
+    rt = tuned.runtime
+    w0, w1 = tuned.workloads[:2]
+    layouts = [
+        lambda seed: host_tensors(w0, seed=seed),                  # fp16 4096^3
+        lambda seed: host_tensors(w1, seed=seed),                  # bf16 1024 x 8192 x 1024
+        lambda seed: tuple(t.to(torch.bfloat16) for t in host_tensors(w0, seed=seed)),
+        lambda seed: (host_tensors(w0, seed=seed)[0],              # B transposed
+                      host_tensors(w0, seed=seed)[1].t(), host_tensors(w0, seed=seed)[2]),
+    ]
+    expected = []
+    for n, i in enumerate([0, 1, 0, 2, 0, 2, 2, 1, 3, 0, 3, 3]):
+        args = layouts[i](n)
+        tuned(*args)
+        res = rt.resolve(args, dry=True)
+        expected.append((res.grid, rt.resolver.pinned_kernel(res.config, res.signature)))
+    assert len(launches) == len(expected)
+    for (_, grid, kernel, _), (want_grid, want_kernel) in zip(launches, expected):
+        assert grid == want_grid and kernel is want_kernel
+
+
+def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call outside ``inference_mode`` and the rest inside: the key finds the entry
+    its guard refused, the guard is rebuilt once and serves from then on; calls alternating
+    between the two modes drop the guard after `MAX_REGUARDS` rebuilds."""
+    launches = stub_gpu
+    tuned = KERNELS["silu_mul"]
+    slow = count_slow_calls(tuned, monkeypatch)
+    rt = tuned.runtime
+    args = host_tensors(tuned.workloads[0])
+    tuned(*args)
+    lookups = _count_lookups(rt)
+    with torch.inference_mode():
+        for _ in range(5):
+            tuned(*args)
+    entry = rt._last
+    assert len(lookups) == 1 and entry.reguards == 1 and entry.guard is not never
+    for _ in range(MAX_REGUARDS):
+        tuned(*args)
+        with torch.inference_mode():
+            tuned(*args)
+    assert entry.guard is never and entry.reguards == MAX_REGUARDS + 1
+    assert len(slow) == 1 and len(launches) == 6 + 2 * MAX_REGUARDS
+    assert rt.provenance()["launches"] == len(launches)
