@@ -312,6 +312,12 @@ def derive_signature(kernel: Any, kernel_args: Sequence[Any]) -> KernelSignature
     return KernelSignature(derived, cconv).with_mangled_symbol(annotated.pyfunc.__name__)
 
 
+def int_constants(signature: KernelSignature) -> list[int]:
+    """The integer ``ct.Constant`` values of a signature, in parameter order."""
+    return [c.value for c in signature.parameters
+            if isinstance(c, ConstantConstraint) and type(c.value) is int]
+
+
 def _canonical(obj: Any) -> Any:
     if isinstance(obj, ConstantConstraint):
         return {"const": type(obj.value).__name__, "value": repr(obj.value)}

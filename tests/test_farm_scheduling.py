@@ -31,7 +31,10 @@ def test_recorded_seconds_rank_jobs_longest_first_and_the_farm_follows(tmp_path)
     jobs = [_job("a", {"T": 64}), _job("b", {"T": 256}), _job("c", {"T": 128})]
     # recorded: c 4.0 s, a 0.5 s; b unknown: tile volume 256 gives a small guess
     assert estimate(jobs[2]) == 4.0 and estimate(jobs[0]) == 0.5
-    assert 0 < estimate(jobs[1]) < 0.5 and tile_volume({"T": 256, "n": 3, "f": True}) == 256
+    assert 0 < estimate(jobs[1]) < 0.5
+    assert tile_volume({"config": {"T": 256, "n": 3, "f": True}}) == 256
+    # a planned job's constants, not its config: a head dimension counts, a row width is capped
+    assert tile_volume({"config": {"T": 256}, "constants": [256, 128, 3, 8192]}) == 256 * 128 * 1024
     order: list[str] = []
     with Farm(cache, "farm_fixture_fns:echo_compile", workers=1, max_batch=1,
               sys_paths=[str(FIXTURE)], estimate=estimate) as farm:

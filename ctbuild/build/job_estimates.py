@@ -2,19 +2,21 @@
 
 The best guess is what the cache already knows: the ``compile_seconds`` it recorded for an
 earlier build of the same kernel, config and arch (any workload or kernel version: compile time
-follows the tile shapes far more than the source details). Without one, a power of the config's
-tile volume (the product of its power-of-two entries of 16 or more) stands in: tileiras' time
-grows about as volume^0.75 (0.13 s at 2^9, 0.3 s at 2^17, 6 s at 2^22 for the examples and the
-benchmark GEMMs). Magnitudes matter as much as the order: the farm sizes its batches by them,
-and two "0.5 s" guesses that are really 6 s each must not share a batch.
+follows the tile shapes far more than the source details). Without one, a power of the job's
+tile volume (the product of the power-of-two integer constants of 16 or more its signature
+passes, each capped at `MAX_TILE_DIM`) stands in: tileiras' time grows about as volume^0.75
+(0.13 s at 2^9, 0.3 s at 2^17, 6 s at 2^22 for the examples and the benchmark GEMMs). The
+constants, not only the config: an attention kernel's head dimension is no config entry, yet
+its tiles are that wide. Magnitudes matter as much as the order: the farm sizes its batches by
+them, and two "0.5 s" guesses that are really 6 s each must not share a batch.
 
-A guess can be far off for a kernel whose cost hides elsewhere (an attention kernel's head
-dimension is no config entry). So, for each kernel and arch with no record, its largest config
-is assumed as long as the build's longest job: it starts among the first, and a kernel that is
-heavier than its tiles say does not end up at the tail. And the estimator learns while the
-build runs: each compiled job of a kernel without records rescales that kernel's guesses (per
-arch, else per kernel) by the geometric mean of its measured/guessed ratios, and the farm
-re-ranks the jobs it has not handed out yet.
+A guess can still be far off for a kernel whose cost hides elsewhere (loops, reductions). So,
+for each kernel and arch with no record, its largest config is assumed as long as the build's
+longest job: it starts among the first, and a kernel that is heavier than its tiles say does
+not end up at the tail. And the estimator learns while the build runs: each compiled job of a
+kernel without records rescales that kernel's guesses (per arch, else per kernel) by the
+geometric mean of its measured/guessed ratios, and the farm re-ranks the jobs it has not handed
+out yet.
 """
 from __future__ import annotations
 
@@ -31,19 +33,23 @@ if TYPE_CHECKING:
 GUESS_BASE, GUESS_SCALE, GUESS_POWER = 0.1, 6.5e-5, 0.75
 #: A learned scale that moves by more than this factor makes the farm re-rank.
 RERANK_FACTOR = 1.25
+#: Largest factor one constant adds to a tile volume (a row width of 8192 is no 8192-wide tile).
+MAX_TILE_DIM = 1024
 
 
 def _identity(kernel: str, arch: str, config: dict[str, Any]) -> str:
     return json.dumps([kernel, arch, config], sort_keys=True)
 
 
-def tile_volume(config: dict[str, Any]) -> float:
-    """The product of the config's power-of-two integers >= 16 (tile sizes), at least 1."""
+def tile_volume(job: dict[str, Any]) -> float:
+    """The product of the job's power-of-two integer constants >= 16 (tile sizes), each at
+    most `MAX_TILE_DIM`, at least 1; a job that lists no constants: its config's values."""
+    values = job["constants"] if "constants" in job else job["config"].values()
     volume = 1.0
-    for value in config.values():
+    for value in values:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 16 \
                 and value & (value - 1) == 0:
-            volume *= value
+            volume *= min(value, MAX_TILE_DIM)
     return volume
 
 
@@ -66,9 +72,9 @@ def recorded_seconds(store: Store) -> dict[str, float]:
     return {ident: secs for ident, (_, secs) in newest.items()}
 
 
-def guess(config: dict[str, Any]) -> float:
-    """Seconds a compile of ``config`` takes, from its tile volume alone (see the module)."""
-    return GUESS_BASE + GUESS_SCALE * tile_volume(config) ** GUESS_POWER
+def guess(job: dict[str, Any]) -> float:
+    """Seconds a compile of ``job`` takes, from its tile volume alone (see the module)."""
+    return GUESS_BASE + GUESS_SCALE * tile_volume(job) ** GUESS_POWER
 
 
 class JobEstimator:
@@ -102,15 +108,15 @@ class JobEstimator:
         kernel, arch = job["kernel"], job["arch"]
         scale = self._scale.get((kernel, arch), self._scale.get((kernel,)))
         if scale is None and job["key"] in self._scouts:
-            return max(self._longest, guess(job["config"]))
-        return guess(job["config"]) * (1.0 if scale is None else scale)
+            return max(self._longest, guess(job))
+        return guess(job) * (1.0 if scale is None else scale)
 
     def learn(self, job: dict[str, Any], seconds: float) -> bool:
         """Take a compiled job's seconds into its kernel's scale; True when a scale moved by
         more than `RERANK_FACTOR` (then the jobs not handed out yet should be re-ranked)."""
         if seconds <= 0 or _identity(job["kernel"], job["arch"], job["config"]) in self.known:
             return False
-        ratio = math.log(seconds / guess(job["config"]))
+        ratio = math.log(seconds / guess(job))
         moved = False
         for group in ((job["kernel"], job["arch"]), (job["kernel"],)):
             logs = self._logs.setdefault(group, [])

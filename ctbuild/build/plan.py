@@ -13,7 +13,7 @@ from ..declare import DEFAULT_CAP, DeclarationError, TunedKernel
 from ..device_table import nominal_device
 from ..dims import dynamic_positions
 from ..keys import kernel_compile_key
-from ..signature import derive_signature
+from ..signature import derive_signature, int_constants
 from ..signature_classes import (
     CLASSES,
     EXACT,
@@ -41,6 +41,9 @@ class CompileJob:
     workload: dict[str, Any]
     symbol: str
     weaken: dict[str, Any] | None = None   # a signature class other than exact (see below)
+    #: The signature's integer constants (tile sizes, a head dimension...): what the farm's
+    #: estimate of the compile time reads (`job_estimates.tile_volume`).
+    constants: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -120,7 +123,8 @@ def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
                       kernel_fp=kernel.fingerprint, arch=str(arch), config=cfg.to_json(),
                       workload={n: spec_to_json(v) for n, v in w.items()},
                       symbol=signature.symbol or "",
-                      weaken=None if weakening.cls == EXACT else weakening.to_json()), signature
+                      weaken=None if weakening.cls == EXACT else weakening.to_json(),
+                      constants=int_constants(signature)), signature
 
 
 def relaxed_weakening(kernel: TunedKernel, cfg: Config, w: Workload) -> Weakening | None:

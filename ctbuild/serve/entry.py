@@ -15,14 +15,16 @@ class Entry:
     filled after its first launch, for provenance) and, where the runtime sets one, the
     guard and scalars that recognise a call of exactly its first call's layout
     (`layout_guard`)."""
-    __slots__ = ("grid", "kernel", "tail", "recipe", "rebuild", "device", "zero", "calls", "info",
-                 "guard", "scalars", "reguards")
+    __slots__ = ("grid", "kernel", "tail", "hot_tail", "recipe", "rebuild", "device", "zero",
+                 "calls", "info", "guard", "scalars", "reguards")
 
     def __init__(self, grid: tuple[int, ...], kernel: ServedKernel, call_args: tuple,
                  kernel_args: tuple, rebuild: Callable[[tuple], tuple], device: int,
                  zero: tuple[int, ...]) -> None:
         self.grid, self.kernel, self.device, self.zero = grid, kernel, device, zero
         self.tail, self.recipe = recipe_of(call_args, kernel_args)
+        #: The tail when the hot path can launch ``args + tail`` itself (nothing to zero).
+        self.hot_tail = None if zero else self.tail
         self.rebuild = rebuild
         self.calls = 0
         self.info: dict[str, Any] = {}

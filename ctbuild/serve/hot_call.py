@@ -31,12 +31,11 @@ def {name}({stream_param}*args, **kwargs):
     if kwargs:
         return rt.with_keywords({stream}, args, kwargs)
     try:
-        [{params}] = args
 {lookup}
     except Exception:  # a new layout (KeyError) or other argument kinds: the slow path
         return rt._first_call({stream}, args)
-    tail = entry.tail
-    if tail is None or entry.zero:
+    tail = entry.hot_tail
+    if tail is None:
         return rt.launch_entry(entry, {stream}, args)
     entry.calls += 1
     try:
@@ -47,14 +46,18 @@ def {name}({stream_param}*args, **kwargs):
 '''
 
 
-_LOOKUP = "        entry = rt._fast[{key}]"
+_LOOKUP = """\
+        [{params}] = args
+        entry = rt._fast[{key}]"""
 
+# With scalars the arguments are unpacked first (the test compares them); with tensors only
+# the guard takes the arguments' tuple as it is, and only the key needs them unpacked.
 _GUARDED_LOOKUP = """\
-        last = rt._last
+        {unpack_first}last = rt._last
         if {test}:
             entry = last
         else:
-            entry = rt._fast[{key}]
+            {unpack_then}entry = rt._fast[{key}]
             if entry is not last:
                 rt._last = entry
             elif last.guard is not never:
@@ -69,19 +72,23 @@ def hot_calls(rt: KernelRuntime, args: tuple, with_device: bool, level: str,
     scalar positions), the entry served last is asked first."""
     params, key, namespace = key_expression(args, with_device, level)
     namespace.update(rt=rt, ct_launch=ct.launch, never=never)
+    unpack = f"[{params}] = args"
     if guard is None:
-        lookup = _LOOKUP.format(key=key)
+        lookup = _LOOKUP.format(params=params, key=key)
     else:
         tensors, scalars = guard
-        test = f"last.guard({', '.join(f'a{i}' for i in tensors)})"
         if scalars:
             pairs = ", ".join(f"type(a{i}), a{i}" for i in scalars)
-            test += f" and ({pairs}) == last.scalars"
-        lookup = _GUARDED_LOOKUP.format(test=test, key=key)
+            test = f"last.guard({', '.join(f'a{i}' for i in tensors)}) and " \
+                f"({pairs}) == last.scalars"
+            first, then = unpack + "\n        ", ""
+        else:
+            test, first, then = "last.guard(*args)", "", unpack + "\n            "
+        lookup = _GUARDED_LOOKUP.format(unpack_first=first, unpack_then=then, test=test,
+                                        key=key)
     source = _TEMPLATE.format(name="hot_call", stream_param="", stream="None",
-                              stream_expr="rt._stream_of(entry.device)", params=params,
-                              lookup=lookup) + \
+                              stream_expr="rt._stream_of(entry.device)", lookup=lookup) + \
         _TEMPLATE.format(name="hot_launch", stream_param="stream, ", stream="stream",
-                         stream_expr="stream", params=params, lookup=lookup)
+                         stream_expr="stream", lookup=lookup)
     exec(compile(source, f"<ctbuild hot path of {rt.name}>", "exec"), namespace)
     return namespace["hot_call"], namespace["hot_launch"]
