@@ -119,6 +119,7 @@ def measure(config: str, archs: str | None, n: int, tmp: Path) -> dict:
         "pool_cfg_per_s": jobs / pool["run_seconds"], "farm_cfg_per_s": jobs / farm["run_seconds"],
         "throughput_farm_vs_pool": pool["run_seconds"] / farm["run_seconds"],
         "farm_startup_s": farm["startup_seconds"],
+        "farm_startup_steps": farm.get("startup_steps", {}),
         "floor_s": floor, "farm_floor_s": farm_floor,
         "farm_run_vs_floor": farm["run_seconds"] / farm_floor,
         "farm_e2e_vs_floor": farm_e2e / farm_floor,
@@ -162,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['farm_e2e_s']:.1f} s; the farm's longest job ({lj['kernel']} "
                   f"{lj['arch']} {lj['config']}, {lj['seconds']:.1f} s) started "
                   f"{lj['started_s']} s after the first worker was ready, the last job finished "
-                  f"at {r['farm_last_finished_s']:.1f} s; load {os.getloadavg()[0]:.2f}",
-                  flush=True)
+                  f"at {r['farm_last_finished_s']:.1f} s; start-up: "
+                  + ", ".join(f"{k} at {v:.2f} s" for k, v in r["farm_startup_steps"].items())
+                  + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     print()
     print(f"{'workers':>7} {'pool e2e s':>10} {'farm e2e s':>10} {'e2e ratio':>9} "
           f"{'pool run s':>10} {'farm run s':>10} {'thr ratio':>9} {'start-up s':>10} "

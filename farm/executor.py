@@ -130,6 +130,9 @@ class Farm:
         self.slots: list[_Slot] = []
         self.started = False
         self.startup_seconds = 0.0
+        #: Where the start-up went, seconds after Ray's start began: Ray up (``ray``), workers
+        #: spawned (``spawned``: once the caller has planned), the first one warm (``ready``).
+        self.startup_steps: dict[str, float] = {}
         self.restarts = 0
         self.fatal: str | None = None
         self._t_start = 0.0
@@ -205,6 +208,7 @@ class Farm:
         conn = connect(self.address, self._wanted(n_jobs) or 1, self.options.ship,
                        self.options.env)
         self._owned, self._reaper = conn["owned"], conn["reaper"]
+        self.startup_steps = {"ray": time.perf_counter() - self._t_start}
         self.started = True
         import ray
         self._ray = ray
@@ -221,6 +225,7 @@ class Farm:
             opts["scheduling_strategy"] = "SPREAD"
         self._remote = ray.remote(FarmWorker).options(**opts)
         self.slots = [_Slot(f"w{i}") for i in range(n)]
+        self.startup_steps["spawned"] = time.perf_counter() - self._t_start
         for slot in self.slots:
             self._spawn(slot)
 
@@ -283,6 +288,7 @@ class Farm:
         if self._first_ready is None and not self.fatal:
             self._first_ready, self._origin = time.perf_counter(), time.monotonic()
             self.startup_seconds = self._first_ready - self._t_start
+            self.startup_steps["ready"] = self.startup_seconds
 
     def _stop_workers(self) -> None:
         """Kill every worker (after letting it clean up) and wait until each is really gone."""
@@ -353,6 +359,7 @@ class Farm:
                     t0 = time.perf_counter()
                     _Run(self, store, claims, records, on_record, on_tick, on_ready).loop(todo)
                     result.startup_seconds = self.startup_seconds
+                    result.startup_steps = {k: round(v, 3) for k, v in self.startup_steps.items()}
                     result.run_seconds = time.perf_counter() - (self._first_ready or t0)
                     result.workers = len(self.slots)
                     result.worker_info = [s.info for s in self.slots if s.info]

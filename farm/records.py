@@ -49,6 +49,7 @@ class FarmResult:
     records: list[JobRecord] = field(default_factory=list)
     workers: int = 0              # worker slots used (0: nothing to compile, Ray not started)
     startup_seconds: float = 0.0  # Ray start/connect + workers imported and warm
+    startup_steps: dict[str, float] = field(default_factory=dict)  # `Farm.startup_steps`
     run_seconds: float = 0.0      # first batch submitted -> last record in
     restarts: int = 0             # workers replaced after a crash or a hang
     fatal: str | None = None      # why the build was aborted, if it was

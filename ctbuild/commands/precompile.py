@@ -251,6 +251,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
         "cached": result.count("cached"), "failed": result.count("failed"),
         "seconds": round(time.perf_counter() - started, 3), "workers": result.workers,
         "startup_seconds": round(result.startup_seconds, 3),
+        "startup_steps": result.startup_steps,
         "run_seconds": round(result.run_seconds, 3),
         "compile_seconds": round(sum(r["seconds"] for r in rows), 3),
         "restarts": result.restarts, "toolchain": toolchain.fingerprint,
