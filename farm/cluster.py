@@ -71,15 +71,6 @@ def stop_reaper(pipe: int) -> None:
         os.close(pipe)
 
 
-#: Most CPUs for which an embedded Ray prestarts a worker per CPU when the driver connects.
-#: The connect returns only once every prestarted worker has registered: with many CPUs, after
-#: the slowest of that many Python starts (1.8 s of `ray.init` with 64); without prestarting,
-#: each worker starts when the farm creates its actor and takes jobs when it alone is ready,
-#: about 1.4 s sooner at 64 CPUs. With few CPUs prestarting is as quick and saves the actors
-#: their process starts.
-PRESTART_CPUS = 8
-
-
 def connect(address: str | None, num_cpus: int, ship: list[str] | None = None,
             env_vars: dict[str, str] | None = None) -> dict[str, Any]:
     """Start (address None) or join Ray. Returns {"owned", "address", "cpus", "reaper"}."""
@@ -103,9 +94,7 @@ def connect(address: str | None, num_cpus: int, ship: list[str] | None = None,
             logging.getLogger("ray._private.authentication.authentication_token_setup"
                               ).setLevel(logging.ERROR)
             ray.init(address="local", num_cpus=num_cpus, num_gpus=0, include_dashboard=False,
-                     object_store_memory=128 * 1024 * 1024,
-                     _system_config={"prestart_worker_first_driver": num_cpus <= PRESTART_CPUS},
-                     **common)
+                     object_store_memory=128 * 1024 * 1024, **common)
         else:
             runtime_env: dict[str, Any] = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0",
                                                         **(env_vars or {})}}
