@@ -29,10 +29,16 @@ class _CountingDict(dict):
         return super().__getitem__(key)
 
 
-def _count_lookups(rt: Any) -> list[int]:
+def _warm(name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, tuple, list, list]:
+    """(kernel, runtime, args, slow calls, key lookups) after one call of its first workload."""
+    tuned = KERNELS[name]
+    slow = count_slow_calls(tuned, monkeypatch)
+    rt = tuned.runtime
+    args = host_tensors(tuned.workloads[0])
+    tuned(*args)
     lookups: list[int] = []
     rt._fast = _CountingDict(rt._fast, lookups)
-    return lookups
+    return tuned, rt, args, slow, lookups
 
 
 def test_guards_tell_exact_layouts_apart() -> None:
@@ -54,12 +60,7 @@ def test_guards_tell_exact_layouts_apart() -> None:
 def test_a_repeated_layout_skips_the_key_lookup(stub_gpu: list[tuple],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     launches = stub_gpu
-    tuned = KERNELS["rmsnorm"]
-    slow = count_slow_calls(tuned, monkeypatch)
-    rt = tuned.runtime
-    args = host_tensors(tuned.workloads[0])
-    tuned(*args)
-    lookups = _count_lookups(rt)
+    tuned, rt, args, slow, lookups = _warm("rmsnorm", monkeypatch)
     for seed in range(3):  # new tensors, the same layout
         tuned(*host_tensors(tuned.workloads[0], seed=seed))
     tuned.launch(0, *args)
@@ -104,12 +105,7 @@ def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
     its guard refused, the guard is rebuilt once and serves from then on; calls alternating
     between the two modes drop the guard after `MAX_REGUARDS` rebuilds."""
     launches = stub_gpu
-    tuned = KERNELS["silu_mul"]
-    slow = count_slow_calls(tuned, monkeypatch)
-    rt = tuned.runtime
-    args = host_tensors(tuned.workloads[0])
-    tuned(*args)
-    lookups = _count_lookups(rt)
+    tuned, rt, args, slow, lookups = _warm("silu_mul", monkeypatch)
     with torch.inference_mode():
         for _ in range(5):
             tuned(*args)
