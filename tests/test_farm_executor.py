@@ -29,6 +29,8 @@ def test_generic_jobs_failures_isolated_and_never_cached(tmp_path):
         result = farm.run(jobs, on_record=seen.append)
     assert result.workers == 2 and len(result.records) == 20 and len(seen) == 20
     assert result.fatal is None
+    steps = result.startup_steps  # where the start-up went: Ray, then workers, then warm
+    assert 0 < steps["ray"] <= steps["spawned"] <= steps["ready"] == round(result.startup_seconds, 3)
     by_key = {r.key: r for r in result.records}
     assert by_key["k012"].status == "failed" and by_key["k012"].error_type == "ValueError"
     assert by_key["k012"].first_error_line == "ValueError: planted failure for k012"
@@ -55,6 +57,7 @@ def test_generic_jobs_failures_isolated_and_never_cached(tmp_path):
     ok_jobs = [j for j in jobs if j["action"] == "ok"]
     third = run_jobs(ok_jobs, tmp_path / "c", "farm_fixture_fns:echo_compile")
     assert third.workers == 0 and third.count("cached") == 18 and third.startup_seconds == 0
+    assert third.startup_steps == {}
 
 
 def test_fatal_error_aborts_and_toolchain_mismatch_refused(tmp_path):
