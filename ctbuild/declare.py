@@ -286,14 +286,19 @@ class TunedKernel:
         """``kernel.launch(...)`` before the runtime exists: make it, as `_start_call`."""
         self.runtime.launch(stream, *args, **kwargs)
 
-    def route(self, call: Callable[..., None], launch: Callable[..., None]) -> None:
-        """Where ``kernel(...)`` and ``kernel.launch(...)`` go (the runtime's code)."""
-        self._call, self._launch = call, launch
+    def route(self, runtime: Any, call: Callable[..., None], launch: Callable[..., None]
+              ) -> None:
+        """Send ``kernel(...)`` and ``kernel.launch(...)`` to ``runtime``'s code, while it is
+        still this kernel's runtime (a context reset may have dropped it meanwhile)."""
+        with _ROUTE_LOCK:
+            if self._runtime is runtime:
+                self._call, self._launch = call, launch
 
     def drop_runtime(self) -> None:
         """Forget the runtime: the next call makes a new one (for a new runtime context)."""
-        self._runtime = None
-        self.route(self._start_call, self._start_launch)
+        with _ROUTE_LOCK:
+            self._runtime = None
+            self._call, self._launch = self._start_call, self._start_launch
 
     def explain(self, *args: Any, arch: str | None = None, gpu: str | None = None,
                 **kwargs: Any) -> dict[str, Any]:
@@ -329,6 +334,9 @@ def _is_duplicate(existing: TunedKernel, new: TunedKernel) -> bool:
     old, cur = existing.pyfunc.__code__, new.pyfunc.__code__
     return (old.co_filename, old.co_firstlineno) != (cur.co_filename, cur.co_firstlineno)
 _RUNTIME_LOCK = threading.Lock()
+#: Makes "is this still the kernel's runtime? then route to it" one step against a context
+#: reset dropping the runtime; held for nothing else (no other lock is taken inside it).
+_ROUTE_LOCK = threading.Lock()
 
 
 def registered() -> list[TunedKernel]:

@@ -313,9 +313,20 @@ def derive_signature(kernel: Any, kernel_args: Sequence[Any]) -> KernelSignature
 
 
 def int_constants(signature: KernelSignature) -> list[int]:
-    """The integer ``ct.Constant`` values of a signature, in parameter order."""
-    return [c.value for c in signature.parameters
-            if isinstance(c, ConstantConstraint) and type(c.value) is int]
+    """The integer ``ct.Constant`` values of a signature, in parameter order (a tuple
+    constant's items too: a tile shape passed as one)."""
+    out: list[int] = []
+
+    def visit(c: Any) -> None:
+        if isinstance(c, ConstantConstraint) and type(c.value) is int:
+            out.append(c.value)
+        elif isinstance(c, TupleConstraint):
+            for item in c.items:
+                visit(item)
+
+    for c in signature.parameters:
+        visit(c)
+    return out
 
 
 def _canonical(obj: Any) -> Any:

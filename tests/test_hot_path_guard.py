@@ -8,11 +8,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import cuda.tile as ct  # noqa: E402
 from conftest import count_slow_calls  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 from ctbuild.serve import layout_guard  # noqa: E402
 from ctbuild.serve.layout_guard import MAX_REGUARDS, guard_plan, make_guard, never  # noqa: E402
+from ctbuild.specs import Tensor  # noqa: E402
 
 KERNELS = load_examples()
 
@@ -109,7 +111,7 @@ def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
     with torch.inference_mode():
         for _ in range(5):
             tuned(*args)
-    entry = rt._last
+    entry = rt._last.entry
     assert len(lookups) == 1 and entry.reguards == 1 and entry.guard is not never
     for _ in range(MAX_REGUARDS):
         tuned(*args)
@@ -118,3 +120,43 @@ def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
     assert entry.guard is never and entry.reguards == MAX_REGUARDS + 1
     assert len(slow) == 1 and len(launches) == 6 + 2 * MAX_REGUARDS
     assert rt.provenance()["launches"] == len(launches)
+
+
+def test_a_call_racing_a_memo_reset_leaves_no_stale_last_entry(
+        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread drops the memo (`_retire`) while a call is between its key lookup and
+    noting the entry it found: the note goes to the old generation's cell, so later calls are
+    served from the new memo and counted (not by the dropped entry)."""
+    tuned, rt, args, slow, _ = _warm("rmsnorm", monkeypatch)
+    tuned(args[0], args[1], args[2], 1e-5)  # the last entry is now another one
+
+    class RetiringDict(dict):
+        def __getitem__(self, key: Any) -> Any:
+            found = super().__getitem__(key)
+            with rt._lock:
+                rt._retire()
+            return found
+
+    rt._fast = RetiringDict(rt._fast)
+    tuned(*args)  # the key finds the first entry; the memo is dropped meanwhile
+    counted = rt.provenance()["launches"]
+    for _ in range(5):
+        tuned(*args)
+    assert rt._last.entry in rt._fast.values() and len(slow) == 3
+    assert rt.provenance()["launches"] == counted + 5 and len(stub_gpu) == 8
+
+
+@ct.kernel
+def tiled_copy(X, Y, SHAPE: ct.Constant[tuple], SCALE: ct.Constant[int]):
+    """Y = X, one tile of SHAPE (a tile shape passed as one tuple constant)."""
+    ct.store(Y, index=(0, 0), tile=ct.load(X, index=(0, 0), shape=SHAPE))
+
+
+def test_tile_volume_counts_a_tile_shape_passed_as_a_tuple_constant() -> None:
+    from ctbuild.build.job_estimates import tile_volume
+    from ctbuild.signature import derive_signature, int_constants
+
+    x = Tensor((256, 256), "float16")
+    constants = int_constants(derive_signature(tiled_copy, (x, x, (64, 128), 3)))
+    assert constants == [64, 128, 3]
+    assert tile_volume({"config": {}, "constants": constants}) == 64 * 128

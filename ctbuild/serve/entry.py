@@ -70,3 +70,17 @@ def _plain(value: Any) -> bool:
     if isinstance(value, tuple):
         return all(_plain(v) for v in value)
     return value is None or type(value) in (bool, int, float, str)
+
+
+class LastEntry:
+    """Which entry the hot path served last, for one generation of its memo.
+
+    The hot path reads and writes it without the runtime's lock. When the memo starts over
+    (new key function, key level or guard plan, or dropped rows) the runtime installs a new
+    cell after the new memo, so a call still running on the old ones writes into a cell that
+    nobody reads any more, never into the new one."""
+    __slots__ = ("entry",)
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+

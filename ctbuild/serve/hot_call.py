@@ -51,15 +51,17 @@ _LOOKUP = """\
         entry = rt._fast[{key}]"""
 
 # With scalars the arguments are unpacked first (the test compares them); with tensors only
-# the guard takes the arguments' tuple as it is, and only the key needs them unpacked.
+# the guard takes the arguments' tuple as it is, and only the key needs them unpacked. The
+# last entry's cell is read before the memo (`entry.LastEntry` says why).
 _GUARDED_LOOKUP = """\
-        {unpack_first}last = rt._last
+        {unpack_first}cell = rt._last
+        last = cell.entry
         if {test}:
             entry = last
         else:
             {unpack_then}entry = rt._fast[{key}]
             if entry is not last:
-                rt._last = entry
+                cell.entry = entry
             elif last.guard is not never:
                 rt.reguard(entry, args)"""
 

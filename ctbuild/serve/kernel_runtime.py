@@ -30,7 +30,7 @@ import cuda.tile as ct
 from . import provenance
 from .context import RuntimeContext, configure, context, reset, stats
 from .declaration_reads import KEY_LEVELS
-from .entry import Entry
+from .entry import Entry, LastEntry
 from .errors import KernelCallError, reraise_named
 from .hot_call import hot_calls
 from .layout_guard import MAX_REGUARDS, GuardPlan, guard_plan, make_guard, never, scalars_of
@@ -75,7 +75,7 @@ class KernelRuntime:
         self.resolver = Resolver(tuned, self.ctx)
         self._lock = self.resolver.lock
         self._fast: dict[tuple, Entry] = {}
-        self._last: Entry = _NO_ENTRY  # the entry the hot path served last
+        self._last = LastEntry(_NO_ENTRY)  # the entry the hot path served last
         self._guard: GuardPlan | None = None  # how hot-path code guards `_last` (None: no)
         self._entries: list[Entry] = []
         self._retired: Counter = Counter()  # provenance totals of rows `_retire` dropped
@@ -105,8 +105,7 @@ class KernelRuntime:
         """Switch ``call`` and ``launch``, and the kernel's calls with them while this is its
         runtime (after a context reset the kernel has a new one)."""
         self.call, self.launch = call, launch
-        if self.tuned._runtime is self:
-            self.tuned.route(call, launch)
+        self.tuned.route(self, call, launch)
 
     def with_keywords(self, stream: Any, args: tuple, kwargs: dict) -> None:
         """A call with keyword arguments: bind them to positions, then the hot path."""
@@ -183,6 +182,7 @@ class KernelRuntime:
         key = self._memo_key(args)
         entry = self._fast.get(key) if key is not None else None
         if entry is not None:  # another thread resolved this layout while we waited
+            self._last.entry = entry
             return self._launch(entry, stream, args)
         try:
             res = self.resolver.resolve(args, stream=stream)
@@ -209,7 +209,8 @@ class KernelRuntime:
             if self._guard is not None:
                 entry.guard, entry.scalars = make_guard(args, self._guard), \
                     scalars_of(args, self._guard)
-            self._fast[key], self._last = entry, entry
+            self._fast[key] = entry
+            self._last.entry = entry
         self._entries.append(entry)
 
     def _retire(self) -> None:
@@ -217,15 +218,16 @@ class KernelRuntime:
         that varies without bound must not grow memory."""
         self._retired += provenance.totals(self._entries)
         self._retired["rows", "dropped"] += len(self._entries)
-        self._entries, self._fast, self._last = [], {}, _NO_ENTRY
+        self._entries, self._fast = [], {}
+        self._last = LastEntry(_NO_ENTRY)  # after the memo: see `LastEntry`
 
     def _key_at_least(self, keys: str) -> bool:
         """From now on keys hold at least what ``keys`` names; when that is more than they
         held, the memo starts over and this returns True."""
         if KEY_LEVELS.index(keys) <= KEY_LEVELS.index(self._keys):
             return False
-        self._keys, self._key, self._fast, self._last = keys, _no_key, {}, _NO_ENTRY
-        self._guard = None
+        self._keys, self._key, self._fast = keys, _no_key, {}
+        self._last, self._guard = LastEntry(_NO_ENTRY), None
         self._route(self._call_first, self._launch_first)
         return True
 
@@ -242,7 +244,8 @@ class KernelRuntime:
             hash(key)
         except Exception:
             return None
-        self._key, self._fast, self._last = key_fn, {}, _NO_ENTRY
+        self._key, self._fast = key_fn, {}
+        self._last = LastEntry(_NO_ENTRY)
         # Exact sizes and strides decide more than keys of these levels; the weaker ones
         # (alignment, address) are not guarded.
         self._guard = guard_plan(args) if self._keys in KEY_LEVELS[:2] else None
