@@ -166,9 +166,16 @@ def probe() -> Toolchain:
     return _probed
 
 
-def _probe() -> Toolchain:
+def _locate() -> dict[str, str]:
+    """Where this process finds tileiras, ptxas and libnvvm (what `_probe` reads)."""
     tileiras, uses_home = find_tileiras()
     ptxas, nvvm = _companions(tileiras, uses_home)
+    return {"tileiras": tileiras, "ptxas": ptxas, "libnvvm": nvvm}
+
+
+def _probe() -> Toolchain:
+    paths = _locate()
+    tileiras, ptxas, nvvm = paths["tileiras"], paths["ptxas"], paths["libnvvm"]
     for what, path in (("ptxas", ptxas), ("libnvvm", nvvm)):
         if not Path(path).exists():
             raise ToolchainError(f"{what} not found at {path} (tileiras at {tileiras} needs it)")
@@ -186,8 +193,7 @@ def _probe() -> Toolchain:
         "bytecode_version": bytecode.name.removeprefix("V_").replace("_", "."),
         "env": key_env(),
     }
-    return Toolchain(fingerprint_of(profile), profile,
-                     {"tileiras": tileiras, "ptxas": ptxas, "libnvvm": nvvm})
+    return Toolchain(fingerprint_of(profile), profile, paths)
 
 
 def shareable(toolchain: Toolchain) -> dict[str, Any]:
@@ -210,9 +216,7 @@ def adopt(shared: dict[str, Any] | None) -> bool:
     if _probed is not None or not isinstance(shared, dict):
         return False
     try:
-        tileiras, uses_home = find_tileiras()
-        ptxas, nvvm = _companions(tileiras, uses_home)
-        paths = {"tileiras": tileiras, "ptxas": ptxas, "libnvvm": nvvm}
+        paths = _locate()
         if paths != shared.get("paths") or cuda_home_problem() is not None:
             return False
         mine = _stamps(paths)

@@ -135,9 +135,8 @@ class Farm:
         self.startup_steps: dict[str, float] = {}
         self.restarts = 0
         self.fatal: str | None = None
-        self._t_start = 0.0
-        self._first_ready: float | None = None
-        self._origin: float | None = None   # time.monotonic() when the first worker was ready
+        self._t_start = 0.0                  # time.monotonic() when Ray's start began
+        self._first_ready: float | None = None  # time.monotonic() when the first was warm
         self._owned = False
         self._reaper: int | None = None
         self._remote: Any = None
@@ -204,11 +203,11 @@ class Farm:
         return wanted
 
     def _connect(self, n_jobs: int | None) -> None:
-        self._t_start = time.perf_counter()
+        self._t_start = time.monotonic()
         conn = connect(self.address, self._wanted(n_jobs) or 1, self.options.ship,
                        self.options.env)
         self._owned, self._reaper = conn["owned"], conn["reaper"]
-        self.startup_steps = {"ray": time.perf_counter() - self._t_start}
+        self.startup_steps = {"ray": time.monotonic() - self._t_start}
         self.started = True
         import ray
         self._ray = ray
@@ -225,7 +224,7 @@ class Farm:
             opts["scheduling_strategy"] = "SPREAD"
         self._remote = ray.remote(FarmWorker).options(**opts)
         self.slots = [_Slot(f"w{i}") for i in range(n)]
-        self.startup_steps["spawned"] = time.perf_counter() - self._t_start
+        self.startup_steps["spawned"] = time.monotonic() - self._t_start
         for slot in self.slots:
             self._spawn(slot)
 
@@ -286,7 +285,7 @@ class Farm:
                               f"{info.get(k)!r} but the driver has {want!r}: every worker must "
                               "run the same toolchain and sources as the driver")
         if self._first_ready is None and not self.fatal:
-            self._first_ready, self._origin = time.perf_counter(), time.monotonic()
+            self._first_ready = time.monotonic()
             self.startup_seconds = self._first_ready - self._t_start
             self.startup_steps["ready"] = self.startup_seconds
 
@@ -356,11 +355,11 @@ class Farm:
                     if on_start:
                         on_start(len(todo))
                     self.start(len(todo))
-                    t0 = time.perf_counter()
+                    t0 = time.monotonic()
                     _Run(self, store, claims, records, on_record, on_tick, on_ready).loop(todo)
                     result.startup_seconds = self.startup_seconds
                     result.startup_steps = {k: round(v, 3) for k, v in self.startup_steps.items()}
-                    result.run_seconds = time.perf_counter() - (self._first_ready or t0)
+                    result.run_seconds = time.monotonic() - (self._first_ready or t0)
                     result.workers = len(self.slots)
                     result.worker_info = [s.info for s in self.slots if s.info]
             finally:
@@ -405,7 +404,7 @@ class _Run:
         key = job["key"]
         self.claims.release(key)
         rec = JobRecord(key, status, seconds, error, error_type, self.attempts.get(key, 0), worker)
-        began, origin = self.began.pop(key, None), self.farm._origin
+        began, origin = self.began.pop(key, None), self.farm._first_ready
         if began is not None and origin is not None:  # when it ran, as the driver saw it
             rec.started = round(max(0.0, began - origin), 3)
             rec.finished = round(time.monotonic() - origin, 3)

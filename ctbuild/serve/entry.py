@@ -83,4 +83,3 @@ class LastEntry:
 
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
-

@@ -74,8 +74,9 @@ class KernelRuntime:
         self.ctx = ctx or context()
         self.resolver = Resolver(tuned, self.ctx)
         self._lock = self.resolver.lock
-        self._fast: dict[tuple, Entry] = {}
-        self._last = LastEntry(_NO_ENTRY)  # the entry the hot path served last
+        self._fast: dict[tuple, Entry]  # the hot-path memo: key -> entry
+        self._last: LastEntry  # the entry the hot path served last
+        self._new_memo()
         self._guard: GuardPlan | None = None  # how hot-path code guards `_last` (None: no)
         self._entries: list[Entry] = []
         self._retired: Counter = Counter()  # provenance totals of rows `_retire` dropped
@@ -218,16 +219,22 @@ class KernelRuntime:
         that varies without bound must not grow memory."""
         self._retired += provenance.totals(self._entries)
         self._retired["rows", "dropped"] += len(self._entries)
-        self._entries, self._fast = [], {}
-        self._last = LastEntry(_NO_ENTRY)  # after the memo: see `LastEntry`
+        self._entries = []
+        self._new_memo()
+
+    def _new_memo(self) -> None:
+        """The hot-path memo starts over: an empty one, then a new last-entry cell (in this
+        order: `LastEntry`)."""
+        self._fast = {}
+        self._last = LastEntry(_NO_ENTRY)
 
     def _key_at_least(self, keys: str) -> bool:
         """From now on keys hold at least what ``keys`` names; when that is more than they
         held, the memo starts over and this returns True."""
         if KEY_LEVELS.index(keys) <= KEY_LEVELS.index(self._keys):
             return False
-        self._keys, self._key, self._fast = keys, _no_key, {}
-        self._last, self._guard = LastEntry(_NO_ENTRY), None
+        self._keys, self._key, self._guard = keys, _no_key, None
+        self._new_memo()
         self._route(self._call_first, self._launch_first)
         return True
 
@@ -244,8 +251,8 @@ class KernelRuntime:
             hash(key)
         except Exception:
             return None
-        self._key, self._fast = key_fn, {}
-        self._last = LastEntry(_NO_ENTRY)
+        self._key = key_fn
+        self._new_memo()
         # Exact sizes and strides decide more than keys of these levels; the weaker ones
         # (alignment, address) are not guarded.
         self._guard = guard_plan(args) if self._keys in KEY_LEVELS[:2] else None

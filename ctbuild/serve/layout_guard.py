@@ -55,12 +55,12 @@ def guard_plan(args: tuple) -> GuardPlan | None:
     them (no tensor, or an argument that is neither a torch tensor nor a plain scalar)."""
     if not available():
         return None
-    import torch
+    from .live_args import PLAIN, is_torch_tensor
     tensors, scalars = [], []
-    for i, value in enumerate(args):
-        if isinstance(value, torch.Tensor):
+    for i, value in enumerate(args):  # classified as `live_args.key_expression` does
+        if is_torch_tensor(value):
             tensors.append(i)
-        elif type(value) in (int, float, bool, str) or value is None:
+        elif type(value) in PLAIN:
             scalars.append(i)
         else:
             return None

@@ -29,6 +29,11 @@ except ImportError:  # pragma: no cover - torch is a runtime dependency of launc
         """Placeholder: nothing is an instance without torch."""
 
 
+def is_torch_tensor(value: Any) -> bool:
+    """A torch tensor (what the hot path keys by its properties, and can guard)."""
+    return isinstance(value, _TorchTensor)
+
+
 def is_array(value: Any) -> bool:
     """A tensor-like argument (torch tensor, or anything with shape/dtype/stride())."""
     return isinstance(value, _TorchTensor) or (
@@ -120,7 +125,9 @@ def token(value: Any, _tensor: Any = _TorchTensor, _tuple: type = tuple, _list: 
     raise TypeError(f"no fast key for {cls.__name__}")
 
 
-_PLAIN = {int: int, float: float, bool: bool, str: str, type(None): type(None)}
+#: The plain scalar types a hot-path key holds by type and value (each maps to itself: the
+#: generated key's ``_PLAIN[type(a)]`` raises KeyError for any other type, a subclass too).
+PLAIN = {int: int, float: float, bool: bool, str: str, type(None): type(None)}
 
 
 def key_expression(args: tuple, with_device: bool = True, level: str = "alignment"
@@ -140,7 +147,7 @@ def key_expression(args: tuple, with_device: bool = True, level: str = "alignmen
     parts = []
     for i, value in enumerate(args):
         a = f"a{i}"
-        if isinstance(value, _TorchTensor):
+        if is_torch_tensor(value):
             parts.append({"contiguity": f"{a}.shape, {a}.dtype, {a}.is_contiguous()",
                           "layout": f"{a}.shape, {a}.stride(), {a}.dtype",
                           "alignment": f"{a}.shape, {a}.stride(), {a}.dtype, "
@@ -148,14 +155,14 @@ def key_expression(args: tuple, with_device: bool = True, level: str = "alignmen
                           "address": f"{a}.shape, {a}.stride(), {a}.dtype, "
                                      f"{a}.data_ptr()"}[level]
                          + (f", {a}.get_device()" if with_device else ""))
-        elif type(value) in _PLAIN:
+        elif type(value) in PLAIN:
             parts.append(f"_PLAIN[type({a})], {a}")
         else:
             token(value)  # raises TypeError when it cannot be keyed at all
             parts.append(f"_token({a})")
     params = ", ".join(f"a{i}" for i in range(len(args)))
     expr = f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
-    return params, expr, {"_PLAIN": _PLAIN, "_token": token}
+    return params, expr, {"_PLAIN": PLAIN, "_token": token}
 
 
 def make_key_fn(args: tuple, with_device: bool = True, level: str = "alignment") -> Any:
