@@ -4,6 +4,10 @@ The driver owns the cache: workers send each CUBIN back with its digest; the dri
 digest, stores the entry, reads it back, and only then counts the job as compiled. Nothing needs
 a shared filesystem, and a killed build keeps every entry stored before it died.
 
+Start-up: with an embedded Ray started in the background (`Farm.start_in_background`), a few
+local worker processes (`farm.local_workers`) compile from the first job on while Ray comes up;
+each Ray worker that warms up retires one of them.
+
 Scheduling: jobs go out longest first (by the caller's ``estimate``, re-ranked whenever its
 ``learn`` says a finished job changed it), each worker as soon as it is warm (no waiting for
 the others). Every worker slot has at most two batches queued (one running, one waiting, so it
@@ -37,10 +41,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as connection_wait
 from typing import Any, Callable, Iterable
 
 from .claims import Claims
 from .cluster import connect, disconnect, resolve_address
+from .local_workers import END, FAILED_SETUP, RECORD, WARM, LocalWorker
 from .records import CACHED, COMPILED, FAILED, FarmError, FarmResult, JobRecord
 from .worker import FarmWorker, callable_ref
 
@@ -50,6 +56,16 @@ QUEUE_DEPTH = 2
 TICK_SECONDS = 0.5
 #: Seconds a closing worker gets to remove its temp directory before it is killed.
 CLOSE_SECONDS = 5.0
+#: How often (s) the driver looks at local workers and at Ray's start while both may answer.
+POLL_SECONDS = 0.02
+#: Local workers at most while an embedded Ray starts (each imports the kernels: memory).
+MAX_EARLY_WORKERS = 32
+
+
+def default_early_workers(slots: int) -> int:
+    """Local workers to start while an embedded Ray starts: half this machine's cores (Ray's
+    own start-up needs the rest), at most ``slots`` and `MAX_EARLY_WORKERS`."""
+    return max(1, min(slots, (os.cpu_count() or 1) // 2, MAX_EARLY_WORKERS))
 
 
 @dataclass
@@ -73,12 +89,15 @@ class FarmOptions:
     estimate: Callable[[dict[str, Any]], float] | None = None  # a job's expected seconds
     # told each compiled job's seconds; True: estimates changed, re-rank the jobs not sent yet
     learn: Callable[[dict[str, Any], float], bool] | None = None
+    # local processes that compile while an embedded Ray starts in the background (None:
+    # `default_early_workers`; 0: none); a joined cluster or a Ray already up never uses them
+    early_workers: int | None = None
 
 
 @dataclass
 class _Batch:
     jobs: list[dict[str, Any]]
-    gen: Any
+    gen: Any            # Ray's record stream (None on a local worker, whose records come in order)
     cost: float = 0.0   # estimated seconds
     done: int = 0
 
@@ -91,10 +110,12 @@ class _Slot:
     info: dict[str, Any] | None = None
     batches: deque = field(default_factory=deque)
     since: float = 0.0   # when the job the worker is on (as far as we know) started
+    local: LocalWorker | None = None  # a local worker's process, instead of a Ray actor
+    retiring: bool = False  # a local worker a Ray worker replaces: no more batches
 
     @property
     def ready(self) -> bool:
-        return self.actor is not None and self.warm_ref is None
+        return (self.actor is not None or self.local is not None) and self.warm_ref is None
 
 
 def _disk_full(exc: BaseException) -> bool:
@@ -146,6 +167,10 @@ class Farm:
         self._start_done = threading.Event()
         self._release = threading.Event()   # lets the starting thread end (after Ray stopped)
         self._start_error: BaseException | None = None
+        self._ray_slots = 0                  # Ray workers spawned (0: not yet)
+        self._leaving: list[LocalWorker] = []   # retired local workers, reaped at close
+        self.early_workers = 0               # local workers started while Ray started
+        self.early_info: list[dict[str, Any]] = []  # what each of them reported when warm
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Farm:
@@ -163,6 +188,7 @@ class Farm:
         the starting thread (parent-death signal), so it may only end after Ray is stopped."""
         if self.started or self._thread is not None:
             return
+        self._t_start = time.monotonic()
 
         def target() -> None:
             try:
@@ -190,8 +216,35 @@ class Farm:
         self._join_start()
         if not self.started:
             self._connect(n_jobs)
-        if not self.slots:
+        if not self._ray_slots:
             self._spawn_all(n_jobs)
+
+    def _begin(self, n_jobs: int) -> None:
+        """Get workers going for ``n_jobs`` jobs: local ones while an embedded Ray is still
+        starting in the background (Ray's follow from `_poll_start`), else Ray's now."""
+        starting = self._thread is not None and not self._start_done.is_set()
+        wanted = self._wanted(n_jobs) or 1
+        early = self.options.early_workers
+        early = default_early_workers(wanted) if early is None else min(early, wanted)
+        if not (starting and self.address is None and early > 0):
+            self.start(n_jobs)
+            return
+        self.startup_steps["early"] = time.monotonic() - self._t_start
+        spec = self._spec()
+        for i in range(early):
+            slot = _Slot(f"e{i}", local=LocalWorker(f"e{i}", spec))
+            slot.warm_ref = slot.local  # until it says it is warm
+            self.slots.append(slot)
+        self.early_workers = early
+
+    def _poll_start(self, n_jobs: int) -> bool:
+        """Spawn Ray's workers once a background start is done; True while it is not."""
+        if self._ray_slots:
+            return False
+        if self._thread is not None and not self._start_done.is_set():
+            return True
+        self.start(n_jobs)
+        return False
 
     def _wanted(self, n_jobs: int | None) -> int | None:
         """Worker slots asked for: the option, else this machine's cores when Ray is embedded,
@@ -203,11 +256,11 @@ class Farm:
         return wanted
 
     def _connect(self, n_jobs: int | None) -> None:
-        self._t_start = time.monotonic()
+        self._t_start = self._t_start or time.monotonic()
         conn = connect(self.address, self._wanted(n_jobs) or 1, self.options.ship,
                        self.options.env)
         self._owned, self._reaper = conn["owned"], conn["reaper"]
-        self.startup_steps = {"ray": time.monotonic() - self._t_start}
+        self.startup_steps["ray"] = time.monotonic() - self._t_start
         self.started = True
         import ray
         self._ray = ray
@@ -223,10 +276,12 @@ class Farm:
         if self.address is not None:
             opts["scheduling_strategy"] = "SPREAD"
         self._remote = ray.remote(FarmWorker).options(**opts)
-        self.slots = [_Slot(f"w{i}") for i in range(n)]
+        slots = [_Slot(f"w{i}") for i in range(n)]
         self.startup_steps["spawned"] = time.monotonic() - self._t_start
-        for slot in self.slots:
+        for slot in slots:
             self._spawn(slot)
+        self.slots += slots
+        self._ray_slots = n
 
     def close(self) -> None:
         """Let every worker remove its temp directory, stop the workers, leave or stop Ray."""
@@ -234,6 +289,7 @@ class Farm:
             self._join_start()
         except BaseException:  # noqa: BLE001 - a failed start has nothing more to report here
             pass
+        self._stop_local(CLOSE_SECONDS)
         ray = self._ray
         if ray is not None and ray.is_initialized():
             live = [s.actor for s in self.slots if s.actor is not None]
@@ -246,6 +302,9 @@ class Farm:
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         self.slots = []
+        self._ray_slots = 0
+        self._t_start = 0.0
+        self.startup_steps = {}
         if self.started:
             disconnect(self._owned, self._reaper)
             self._reaper = None
@@ -278,7 +337,16 @@ class Farm:
             return
         finally:
             slot.warm_ref = None
+        self._took_info(slot, info)
+        if not self.fatal:
+            self._retire_one_local()
+
+    def _took_info(self, slot: _Slot, info: dict[str, Any]) -> None:
+        """A worker is warm: check what it reported; the first one ends the start-up."""
+        slot.warm_ref = None
         slot.info = info
+        if slot.local is not None:
+            self.early_info.append(info)
         for k, want in self.options.expect.items():
             if info.get(k) != want:
                 self.fatal = (f"worker {info.get('worker', slot.name)} has {k} "
@@ -289,8 +357,46 @@ class Farm:
             self.startup_seconds = self._first_ready - self._t_start
             self.startup_steps["ready"] = self.startup_seconds
 
+    def _retire_one_local(self) -> None:
+        """A Ray worker is warm: one local worker stops taking jobs (the least busy; one still
+        warming up stops at once) and leaves when it has delivered what it holds."""
+        local = [s for s in self.slots if s.local is not None and not s.retiring]
+        if not local:
+            return
+        slot = min(local, key=lambda s: (s.warm_ref is None, len(s.batches)))
+        slot.retiring = True
+        if slot.warm_ref is not None or not slot.batches:
+            self._drop_local(slot)
+
+    def _drop_local(self, slot: _Slot, kill: bool = False) -> None:
+        """Take a local worker out of the farm: asked to clean up and exit (reaped at close),
+        or killed (a dead, hung or still-warming one)."""
+        if slot in self.slots:
+            self.slots.remove(slot)
+        if slot.local is None:
+            return
+        if kill or slot.warm_ref is not None:
+            slot.local.kill()
+        else:
+            try:
+                slot.local.send_stop()
+            except OSError:
+                pass
+            self._leaving.append(slot.local)
+        slot.batches.clear()
+
+    def _stop_local(self, wait: float) -> None:
+        """Stop every local worker: the live ones and those retired earlier."""
+        for slot in [s for s in self.slots if s.local is not None]:
+            self._drop_local(slot)
+        leaving, self._leaving = self._leaving, []
+        deadline = time.monotonic() + wait
+        for worker in leaving:
+            worker.stop(max(0.0, deadline - time.monotonic()))
+
     def _stop_workers(self) -> None:
         """Kill every worker (after letting it clean up) and wait until each is really gone."""
+        self._stop_local(CLOSE_SECONDS)
         ray = self._ray
         live = [s.actor for s in self.slots if s.actor is not None]
         for slot in self.slots:
@@ -311,12 +417,15 @@ class Farm:
             ray.wait(probes, num_returns=len(probes), timeout=30)
 
     def _restart(self, slot: _Slot) -> None:
+        self.restarts += 1
+        if slot.local is not None:  # never replaced: Ray's workers take over
+            self._drop_local(slot, kill=True)
+            return
         if slot.actor is not None:
             try:
                 self._ray.kill(slot.actor, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
-        self.restarts += 1
         self._spawn(slot)
 
     # ---- running ---------------------------------------------------------------------------
@@ -354,14 +463,16 @@ class Farm:
                 if todo:
                     if on_start:
                         on_start(len(todo))
-                    self.start(len(todo))
+                    self._begin(len(todo))
                     t0 = time.monotonic()
                     _Run(self, store, claims, records, on_record, on_tick, on_ready).loop(todo)
                     result.startup_seconds = self.startup_seconds
                     result.startup_steps = {k: round(v, 3) for k, v in self.startup_steps.items()}
                     result.run_seconds = time.monotonic() - (self._first_ready or t0)
-                    result.workers = len(self.slots)
-                    result.worker_info = [s.info for s in self.slots if s.info]
+                    result.workers = self._ray_slots
+                    result.early_workers = self.early_workers
+                    result.worker_info = self.early_info + [
+                        s.info for s in self.slots if s.info and s.local is None]
             finally:
                 claims.close()
             for key, rec in records.items():  # never report what did not land
@@ -481,11 +592,15 @@ class _Run:
         self.deferred = still
 
     def submit(self, slot: _Slot) -> None:
-        o, n_slots = self.farm.options, len(self.farm.slots)
+        o, n_slots = self.farm.options, max(len(self.farm.slots), self.farm._ray_slots)
+        if slot.retiring:
+            return
         # A second batch queued behind a running one keeps a worker busy between batches, but
         # at the tail it would hold jobs that an idle worker could start now: prefetch only
-        # while every slot can still get a full queue.
-        depth = QUEUE_DEPTH if len(self.pending) >= n_slots * QUEUE_DEPTH else 1
+        # while every slot can still get a full queue. A local worker gets one batch at a
+        # time, so it can leave soon after a Ray worker is there to replace it.
+        depth = QUEUE_DEPTH if len(self.pending) >= n_slots * QUEUE_DEPTH and \
+            slot.local is None else 1
         while slot.ready and len(slot.batches) < depth:
             target = self.left_cost / (n_slots * 4)
             if slot.batches and (slot.batches[-1].cost > target or (
@@ -502,8 +617,15 @@ class _Run:
             if not batch:
                 return
             self.left_cost = max(0.0, self.left_cost - size)
-            gen = slot.actor.run_batch.options(num_returns="streaming").remote(
-                batch, o.compile_timeout)
+            if slot.local is not None:
+                gen = None
+                try:
+                    slot.local.send(batch, o.compile_timeout)
+                except OSError:  # it died: found out (and the batch re-queued) on its receive
+                    pass
+            else:
+                gen = slot.actor.run_batch.options(num_returns="streaming").remote(
+                    batch, o.compile_timeout)
             if not slot.batches:
                 slot.since = time.monotonic()
             slot.batches.append(_Batch(batch, gen, size))
@@ -541,7 +663,6 @@ class _Run:
 
     def loop(self, todo: list[dict[str, Any]]) -> None:
         farm, o = self.farm, self.farm.options
-        ray = farm._ray
         # Longest first: the finish time nears max(total / workers, longest job).
         self.pending = deque(todo)
         self.rerank()
@@ -549,13 +670,18 @@ class _Run:
         deadline = time.monotonic() + o.startup_timeout
         while (self.pending or self.deferred or any(s.batches for s in farm.slots)) \
                 and not farm.fatal:
+            ray_starting = farm._poll_start(len(todo))
             if self.deferred:
                 self.recheck_deferred()
-            for slot in farm.slots:
+            for slot in list(farm.slots):
                 self.submit(slot)
             waiting: dict[Any, tuple[_Slot, str]] = {}
+            local: dict[Any, _Slot] = {}
             for s in farm.slots:
-                if s.warm_ref is not None:
+                if s.local is not None:
+                    if s.warm_ref is not None or s.batches:
+                        local[s.local.conn] = s
+                elif s.warm_ref is not None:
                     waiting[s.warm_ref] = (s, "warm")
                 elif s.batches:
                     waiting[s.batches[0].gen] = (s, "batch")
@@ -563,7 +689,7 @@ class _Run:
                 raise FarmError(
                     f"no worker was ready within {o.startup_timeout:.0f}s (are the nodes busy, "
                     "or is the runtime_env failing to install?)")
-            if not waiting:
+            if not waiting and not local and not ray_starting:
                 if not self.pending:  # done, or only jobs another build is on: wait for those
                     if self.deferred:
                         time.sleep(TICK_SECONDS)
@@ -577,18 +703,18 @@ class _Run:
                 for s in farm.slots:
                     if s.batches:
                         timeout = min(timeout, s.since + limit - now)
-            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=max(0.0, timeout))
-            for obj in ready:
-                self.receive(*waiting[obj])
+            if local or ray_starting:  # more than Ray's objects to watch: poll in turns
+                timeout = min(timeout, POLL_SECONDS)
+            got = self.wait_any(waiting, local, max(0.0, timeout))
             if limit is not None:
                 now = time.monotonic()
-                for slot in farm.slots:
+                for slot in list(farm.slots):
                     if slot.batches and now - slot.since > limit:
                         self.requeue(slot, "Timeout",
                                      f"no result after {limit:.0f}s (compile timeout "
                                      f"{o.compile_timeout:g}s plus grace): the compile hung; its "
                                      "worker was killed and replaced")
-            if self.on_tick and not ready:
+            if self.on_tick and not got:
                 self.on_tick()
         if farm.fatal:
             left = list(self.pending) + self.deferred + [
@@ -600,15 +726,65 @@ class _Run:
                     self.finish(job, FAILED, error_type="Aborted",
                                 error=f"not built: the build was aborted: {farm.fatal}")
 
+    def wait_any(self, waiting: dict[Any, tuple[_Slot, str]], local: dict[Any, _Slot],
+                 timeout: float) -> bool:
+        """Receive from whichever workers are ready (Ray's, local ones), waiting at most
+        ``timeout`` seconds; whether anything came."""
+        if local:
+            got = connection_wait(list(local), timeout=0 if waiting else timeout)
+            for conn in got:
+                self.receive_local(local[conn])
+            if got or not waiting:
+                return bool(got)
+        if waiting:
+            ready, _ = self.farm._ray.wait(list(waiting), num_returns=1, timeout=timeout)
+            for obj in ready:
+                self.receive(*waiting[obj])
+            return bool(ready)
+        self.farm._start_done.wait(timeout)  # nothing to hear from until Ray is up
+        return False
+
+    def warmed(self, slot: _Slot, info: dict[str, Any] | None = None) -> None:
+        """A worker is warm (a Ray worker's info is fetched, a local one's given)."""
+        first = self.farm._first_ready is None
+        if info is None:
+            self.farm._warmed(slot)
+        else:
+            self.farm._took_info(slot, info)
+        if self.farm.fatal:  # a worker that cannot set up or differs: the farm cannot run
+            raise FarmError(self.farm.fatal)
+        if first and self.farm._first_ready is not None and self.on_ready:
+            self.on_ready()
+
+    def receive_local(self, slot: _Slot) -> None:
+        """The next message of a local worker: warm, a record, a batch's end, or its death."""
+        assert slot.local is not None
+        try:
+            kind, payload = slot.local.recv()
+        except (EOFError, OSError):
+            if slot.warm_ref is not None:  # died setting up: Ray's workers will do its work
+                self.farm._drop_local(slot, kill=True)
+            else:
+                self.requeue(slot, None, "the local worker process exited "
+                                         f"(code {slot.local.proc.poll()})")
+            return
+        if kind == WARM:
+            self.warmed(slot, payload)
+        elif kind == FAILED_SETUP:
+            self.farm.fatal = f"worker {slot.name} could not set up: {payload}"
+            raise FarmError(self.farm.fatal)
+        elif kind == RECORD:
+            self.record(slot, slot.batches[0], payload)
+        elif kind == END:
+            slot.batches.popleft()
+            slot.since = time.monotonic()
+            if slot.retiring and not slot.batches:
+                self.farm._drop_local(slot)
+
     def receive(self, slot: _Slot, what: str) -> None:
         ray = self.farm._ray
         if what == "warm":
-            first = self.farm._first_ready is None
-            self.farm._warmed(slot)
-            if self.farm.fatal:  # a worker that cannot set up or differs: the farm cannot run
-                raise FarmError(self.farm.fatal)
-            if first and self.farm._first_ready is not None and self.on_ready:
-                self.on_ready()
+            self.warmed(slot)
             return
         batch = slot.batches[0]
         try:
@@ -625,6 +801,10 @@ class _Run:
         except ray.exceptions.RayError as exc:  # died, or the generator itself raised
             self.requeue(slot, None, _cause(exc))
             return
+        self.record(slot, batch, rec)
+
+    def record(self, slot: _Slot, batch: _Batch, rec: dict[str, Any]) -> None:
+        """A job's record from the worker of ``slot``: land it or record its failure."""
         job = batch.jobs[batch.done]
         batch.done += 1
         self.began[job["key"]], slot.since = slot.since, time.monotonic()

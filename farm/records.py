@@ -47,11 +47,12 @@ class JobRecord:
 class FarmResult:
     """Every job's record (in the order the jobs were given) and how the run went."""
     records: list[JobRecord] = field(default_factory=list)
-    workers: int = 0              # worker slots used (0: nothing to compile, Ray not started)
+    workers: int = 0              # Ray worker slots used (0: nothing compiled on Ray)
+    early_workers: int = 0        # local workers that compiled while the embedded Ray started
     startup_seconds: float = 0.0  # Ray start/connect + workers imported and warm
     startup_steps: dict[str, float] = field(default_factory=dict)  # `Farm.startup_steps`
     run_seconds: float = 0.0      # first batch submitted -> last record in
-    restarts: int = 0             # workers replaced after a crash or a hang
+    restarts: int = 0             # workers lost to a crash or a hang (Ray's are replaced)
     fatal: str | None = None      # why the build was aborted, if it was
     worker_info: list[dict[str, Any]] = field(default_factory=list)
     address: str | None = None    # the Ray cluster joined, or None for the embedded one

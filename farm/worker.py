@@ -5,10 +5,12 @@ generator: Ray streams one record per job back to the driver as soon as it is do
 driver knows which job a worker is on (to blame the right job for a crash or a hang). A compiled
 job's record carries the CUBIN bytes and their digest through Ray's object store: the worker
 never touches the cache, and writes nowhere but its own temp directory, which it removes when
-the driver closes it.
+the driver closes it. A worker that was killed cannot remove its own: the next worker to warm up or
+close on that node does (`sweep_orphans`).
 """
 from __future__ import annotations
 
+import fcntl
 import importlib
 import os
 import pickle
@@ -29,6 +31,50 @@ from .records import COMPILED, FAILED
 MAX_ERROR_CHARS = 8000
 #: Prefix of each worker's private temp directory (TMPDIR inside the worker).
 TEMP_PREFIX = "farm-worker-"
+#: The file in a worker's temp directory that the worker holds locked as long as it lives.
+LOCK_NAME = ".alive"
+#: A temp directory without a lock file is only swept once it is this old (seconds): it may be
+#: one whose worker is between creating it and locking it.
+UNLOCKED_GRACE = 60.0
+
+
+def sweep_orphans(parent: str, own: str | None = None) -> int:
+    """Remove the temp directories under ``parent`` of workers that are gone (killed: a hang
+    cut off, an OOM kill, a killed driver's workers). A live worker holds its directory's lock
+    file locked (`fcntl.flock`, released by the kernel when the process dies, in any PID
+    namespace), so a directory whose lock can be taken has no owner. Returns how many went."""
+    removed = 0
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(TEMP_PREFIX)]
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(parent, name)
+        if path == own:
+            continue
+        try:
+            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY)
+        except FileNotFoundError:
+            try:
+                if time.time() - os.stat(path).st_mtime > UNLOCKED_GRACE:
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed += 1
+            except OSError:
+                pass
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its worker is alive
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(fd)
+    return removed
 
 
 def callable_ref(fn: Callable[..., Any] | str | None) -> str | bytes | None:
@@ -75,6 +121,7 @@ class FarmWorker:
         self.compile_fn: Callable[..., dict[str, Any]] | None = None
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.temp: str | None = None
+        self._alive: int | None = None  # the locked fd of our temp dir's lock file
 
     def warm(self) -> dict[str, Any]:
         """Environment, private temp dir, sys.path, imports and setup hook, once per process."""
@@ -83,6 +130,9 @@ class FarmWorker:
                                    self.spec.get("env"))
         # Everything the compiler writes goes below one directory of ours, removed by close().
         self.temp = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+        self._alive = os.open(os.path.join(self.temp, LOCK_NAME), os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(self._alive, fcntl.LOCK_EX)
+        sweep_orphans(os.path.dirname(self.temp), own=self.temp)
         os.environ["TMPDIR"] = self.temp
         tempfile.tempdir = self.temp
         for path in reversed(self.spec.get("sys_paths", [])):
@@ -99,10 +149,15 @@ class FarmWorker:
         return os.getpid()
 
     def close(self) -> bool:
-        """Remove this worker's temp directory (the driver calls this before killing it)."""
+        """Remove this worker's temp directory (the driver calls this before killing it), and
+        those of workers killed meanwhile (their locks are free by now)."""
         if self.temp:
             shutil.rmtree(self.temp, ignore_errors=True)
+            sweep_orphans(os.path.dirname(self.temp))
             self.temp = None
+        if self._alive is not None:
+            os.close(self._alive)
+            self._alive = None
         return True
 
     def run_batch(self, jobs: list[dict[str, Any]], timeout_sec: float | None):

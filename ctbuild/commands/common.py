@@ -16,15 +16,24 @@ from ..toolchain import ToolchainError
 EXIT_USAGE = 2
 
 
-def positive_int(text: str) -> int:
-    """argparse type for counts such as ``--workers``."""
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts such as ``--workers``."""
+    return _whole(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type for counts that may be zero (``--early-workers 0``: none)."""
+    return _whole(text, 0)
 
 
 def positive_seconds(text: str) -> float:

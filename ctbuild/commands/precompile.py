@@ -27,6 +27,7 @@ from .common import (
     add_project_args,
     fail,
     guarded,
+    non_negative_int,
     positive_int,
     positive_seconds,
     print_json,
@@ -45,11 +46,13 @@ examples:
 
 By default an embedded local Ray with one worker per core is started (a few seconds) and
 stopped at the end; into an empty cache it starts while the toolchain is probed and the plan
-made, otherwise only when something is left to compile. --address (or $RAY_ADDRESS) joins an
-existing cluster instead: ctbuild, the farm, the cache package and the project's kernel modules
-are shipped to the workers, which need cuda-tile[tileiras], ray, diskcache and xxhash installed, but no
-cache path and no shared filesystem: workers send each CUBIN back and this process alone
-stores it (and reads it back) in --cache. Longest configs go first (by the compile seconds the
+made, otherwise only when something is left to compile. While it starts, --early-workers local
+processes (default: half the cores) already compile; each Ray worker that is up replaces one.
+--address (or $RAY_ADDRESS) joins an existing cluster instead: ctbuild, the farm, the cache
+package and the project's kernel modules are shipped to the workers, which need
+cuda-tile[tileiras], ray, diskcache and xxhash installed, but no cache path and no shared
+filesystem: workers send each CUBIN back and this process alone stores it (and reads it back)
+in --cache. Longest configs go first (by the compile seconds the
 cache recorded for them in earlier builds). Two builds into one cache never compile the same
 key twice. A full disk stops the build (exit 1); every CUBIN stored until then is kept.
 
@@ -77,6 +80,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--workers", metavar="N", type=positive_int,
                    help="worker processes at most (default: this machine's cores, or the "
                         "cluster's CPUs)")
+    p.add_argument("--early-workers", metavar="N", type=non_negative_int,
+                   help="local processes that compile while the embedded Ray starts (default: "
+                        "half this machine's cores, at most --workers and 32; 0: none)")
     p.add_argument("--compile-timeout", metavar="S", type=positive_seconds,
                    default=DEFAULT_TIMEOUT,
                    help=f"seconds one config may compile before it is recorded as failed "
@@ -295,6 +301,7 @@ def _make_farm(args: argparse.Namespace, project: Project) -> Any:
             raise ConfigError(str(exc)) from None
     options = FarmOptions(
         workers=args.workers, address=address, compile_timeout=args.compile_timeout,
+        early_workers=args.early_workers,
         setup_fn="ctbuild.build.worker_setup:warm_worker",
         setup_args=(list(project.modules), paths if address is None else []),
         sys_paths=paths, ship=ship, fatal_errors=("CompileMismatchError",),
