@@ -58,14 +58,11 @@ TICK_SECONDS = 0.5
 CLOSE_SECONDS = 5.0
 #: How often (s) the driver looks at local workers and at Ray's start while both may answer.
 POLL_SECONDS = 0.02
-#: Local workers at most while an embedded Ray starts (each imports the kernels: memory).
-MAX_EARLY_WORKERS = 32
-
-
 def default_early_workers(slots: int) -> int:
-    """Local workers to start while an embedded Ray starts: half this machine's cores (Ray's
-    own start-up needs the rest), at most ``slots`` and `MAX_EARLY_WORKERS`."""
-    return max(1, min(slots, (os.cpu_count() or 1) // 2, MAX_EARLY_WORKERS))
+    """Local workers to start while an embedded Ray starts: one per worker slot (at most one
+    per core), so the build runs at full width from its first warm worker on. Each holds about
+    50 MB while it lives."""
+    return max(1, min(slots, os.cpu_count() or 1))
 
 
 @dataclass
@@ -102,7 +99,7 @@ class _Batch:
     done: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # slots are compared by identity
 class _Slot:
     name: str
     actor: Any = None
@@ -112,6 +109,7 @@ class _Slot:
     since: float = 0.0   # when the job the worker is on (as far as we know) started
     local: LocalWorker | None = None  # a local worker's process, instead of a Ray actor
     retiring: bool = False  # a local worker a Ray worker replaces: no more batches
+    waits_for: _Slot | None = None  # the local worker this Ray worker replaces, until it left
 
     @property
     def ready(self) -> bool:
@@ -339,7 +337,7 @@ class Farm:
             slot.warm_ref = None
         self._took_info(slot, info)
         if not self.fatal:
-            self._retire_one_local()
+            self._retire_one_local(slot)
 
     def _took_info(self, slot: _Slot, info: dict[str, Any]) -> None:
         """A worker is warm: check what it reported; the first one ends the start-up."""
@@ -357,16 +355,24 @@ class Farm:
             self.startup_seconds = self._first_ready - self._t_start
             self.startup_steps["ready"] = self.startup_seconds
 
-    def _retire_one_local(self) -> None:
-        """A Ray worker is warm: one local worker stops taking jobs (the least busy; one still
-        warming up stops at once) and leaves when it has delivered what it holds."""
+    def _retire_one_local(self, ray_slot: _Slot) -> None:
+        """A Ray worker is warm: one local worker stops taking jobs (one still warming up or
+        idle leaves at once, else the one with the least estimated work left) and leaves when it
+        has delivered what it holds. Until then the Ray worker waits for it, so no more compiles
+        run at once than there are worker slots."""
         local = [s for s in self.slots if s.local is not None and not s.retiring]
         if not local:
             return
-        slot = min(local, key=lambda s: (s.warm_ref is None, len(s.batches)))
+
+        def work_left(s: _Slot) -> float:
+            return sum(b.cost * (1 - b.done / len(b.jobs)) for b in s.batches)
+
+        slot = min(local, key=lambda s: (s.warm_ref is None and bool(s.batches), work_left(s)))
         slot.retiring = True
         if slot.warm_ref is not None or not slot.batches:
             self._drop_local(slot)
+        else:
+            ray_slot.waits_for = slot
 
     def _drop_local(self, slot: _Slot, kill: bool = False) -> None:
         """Take a local worker out of the farm: asked to clean up and exit (reaped at close),
@@ -595,6 +601,10 @@ class _Run:
         o, n_slots = self.farm.options, max(len(self.farm.slots), self.farm._ray_slots)
         if slot.retiring:
             return
+        if slot.waits_for is not None:
+            if slot.waits_for in self.farm.slots:
+                return
+            slot.waits_for = None
         # A second batch queued behind a running one keeps a worker busy between batches, but
         # at the tail it would hold jobs that an idle worker could start now: prefetch only
         # while every slot can still get a full queue. A local worker gets one batch at a
