@@ -33,16 +33,27 @@ MAX_ERROR_CHARS = 8000
 TEMP_PREFIX = "farm-worker-"
 #: The file in a worker's temp directory that the worker holds locked as long as it lives.
 LOCK_NAME = ".alive"
-#: A temp directory without a lock file is only swept once it is this old (seconds): it may be
-#: one whose worker is between creating it and locking it.
+#: A temp directory whose lock file is missing or empty is only swept once it is this old
+#: (seconds): its worker may be between creating the directory and holding the lock.
 UNLOCKED_GRACE = 60.0
+
+
+def hold_temp_dir(path: str) -> int:
+    """Mark ``path`` as a live worker's: lock its lock file, then write our PID into it. The
+    PID comes after the lock, so a lock file with content whose lock is free was held by a
+    worker that has died (`sweep_orphans`). Returns the fd to keep open while we live."""
+    fd = os.open(os.path.join(path, LOCK_NAME), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 def sweep_orphans(parent: str, own: str | None = None) -> int:
     """Remove the temp directories under ``parent`` of workers that are gone (killed: a hang
     cut off, an OOM kill, a killed driver's workers). A live worker holds its directory's lock
     file locked (`fcntl.flock`, released by the kernel when the process dies, in any PID
-    namespace), so a directory whose lock can be taken has no owner. Returns how many went."""
+    namespace): a directory whose lock can be taken and whose lock file names a PID has no
+    owner any more. Returns how many went."""
     removed = 0
     try:
         names = [n for n in os.listdir(parent) if n.startswith(TEMP_PREFIX)]
@@ -50,31 +61,37 @@ def sweep_orphans(parent: str, own: str | None = None) -> int:
         return 0
     for name in names:
         path = os.path.join(parent, name)
-        if path == own:
-            continue
-        try:
-            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY)
-        except FileNotFoundError:
-            try:
-                if time.time() - os.stat(path).st_mtime > UNLOCKED_GRACE:
-                    shutil.rmtree(path, ignore_errors=True)
-                    removed += 1
-            except OSError:
-                pass
-            continue
-        except OSError:
-            continue
+        if path != own and _orphaned(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _orphaned(path: str) -> bool:
+    """Whether no live worker holds ``path`` (see `hold_temp_dir`)."""
+    try:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY)
+    except FileNotFoundError:
+        return _older_than_grace(path)
+    except OSError:
+        return False
+    try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # its worker is alive
-            os.close(fd)
-            continue
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-            removed += 1
-        finally:
-            os.close(fd)
-    return removed
+            return False
+        # The lock is free: a dead worker's, or one that has just created the file and is
+        # about to lock it (no PID written yet).
+        return bool(os.read(fd, 32)) or _older_than_grace(path)
+    finally:
+        os.close(fd)
+
+
+def _older_than_grace(path: str) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime > UNLOCKED_GRACE
+    except OSError:
+        return False
 
 
 def callable_ref(fn: Callable[..., Any] | str | None) -> str | bytes | None:
@@ -130,8 +147,7 @@ class FarmWorker:
                                    self.spec.get("env"))
         # Everything the compiler writes goes below one directory of ours, removed by close().
         self.temp = tempfile.mkdtemp(prefix=TEMP_PREFIX)
-        self._alive = os.open(os.path.join(self.temp, LOCK_NAME), os.O_CREAT | os.O_RDWR, 0o600)
-        fcntl.flock(self._alive, fcntl.LOCK_EX)
+        self._alive = hold_temp_dir(self.temp)
         sweep_orphans(os.path.dirname(self.temp), own=self.temp)
         os.environ["TMPDIR"] = self.temp
         tempfile.tempdir = self.temp

@@ -17,6 +17,7 @@ from farm import Farm
 from farm.worker import LOCK_NAME, TEMP_PREFIX, UNLOCKED_GRACE, sweep_orphans
 
 FIXTURE = Path(__file__).parent / "fixtures" / "farm_project"
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(FIXTURE))
 
 pytestmark = pytest.mark.slow
@@ -100,8 +101,8 @@ def test_no_local_workers_without_a_background_start_or_when_turned_off(tmp_path
         assert {i["slot"] for i in result.worker_info} == {"w0"}
 
 
-_HOLDER = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR); " \
-          "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(600)"
+_HOLDER = "import sys, time; from farm.worker import hold_temp_dir; hold_temp_dir(sys.argv[1]); " \
+          "print('locked', flush=True); time.sleep(600)"
 
 
 def test_sweep_removes_only_the_temp_dirs_of_dead_workers(tmp_path):
@@ -112,12 +113,16 @@ def test_sweep_removes_only_the_temp_dirs_of_dead_workers(tmp_path):
         return path
 
     live, dead, young, old = make("live"), make("dead"), make("young"), make("old")
+    # a worker between creating its lock file and locking it: the file is there, still empty
+    creating = make("creating")
+    (creating / LOCK_NAME).touch()
     other = tmp_path / "not-ours"
     other.mkdir()
     holders = {}
     for path in (live, dead):
-        holders[path] = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path / LOCK_NAME)],
-                                         stdout=subprocess.PIPE, text=True)
+        holders[path] = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path)],
+                                         stdout=subprocess.PIPE, text=True,
+                                         env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert holders[path].stdout.readline().strip() == "locked"
     holders[dead].kill()
     holders[dead].wait()
@@ -125,7 +130,7 @@ def test_sweep_removes_only_the_temp_dirs_of_dead_workers(tmp_path):
     os.utime(old, (stale, stale))
     try:
         assert sweep_orphans(str(tmp_path)) == 2
-        assert live.is_dir() and young.is_dir() and other.is_dir()
+        assert live.is_dir() and young.is_dir() and other.is_dir() and creating.is_dir()
         assert not dead.exists() and not old.exists()
         holders[live].kill()
         holders[live].wait()
@@ -135,3 +140,27 @@ def test_sweep_removes_only_the_temp_dirs_of_dead_workers(tmp_path):
         for proc in holders.values():
             proc.kill()
             proc.wait()
+
+
+_RACER = """
+import os, shutil, sys, tempfile
+from farm.worker import hold_temp_dir, sweep_orphans, TEMP_PREFIX
+parent = sys.argv[1]
+for _ in range(int(sys.argv[2])):
+    path = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent)
+    fd = hold_temp_dir(path)
+    sweep_orphans(parent, own=path)
+    open(os.path.join(path, "scratch"), "w").close()  # raises if a sweeper took our directory
+    shutil.rmtree(path)  # as FarmWorker.close: the directory goes first, then the lock
+    os.close(fd)
+"""
+
+
+def test_workers_warming_up_at_once_never_sweep_each_others_live_dirs(tmp_path):
+    """Many workers creating, locking and sweeping in one parent at the same time (as 64 local
+    workers do): none loses the directory it holds."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    racers = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path), "150"], env=env,
+                               stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    errors = [(p.wait(), p.stderr.read()) for p in racers]
+    assert all(code == 0 for code, _ in errors), [e for c, e in errors if c]
