@@ -166,6 +166,7 @@ class Farm:
         self._release = threading.Event()   # lets the starting thread end (after Ray stopped)
         self._start_error: BaseException | None = None
         self._ray_slots = 0                  # Ray workers spawned (0: not yet)
+        self._planned = 0                    # worker slots this run is to have
         self._leaving: list[LocalWorker] = []   # retired local workers, reaped at close
         self.early_workers = 0               # local workers started while Ray started
         self.early_info: list[dict[str, Any]] = []  # what each of them reported when warm
@@ -222,6 +223,7 @@ class Farm:
         starting in the background (Ray's follow from `_poll_start`), else Ray's now."""
         starting = self._thread is not None and not self._start_done.is_set()
         wanted = self._wanted(n_jobs) or 1
+        self._planned = wanted
         early = self.options.early_workers
         early = default_early_workers(wanted) if early is None else min(early, wanted)
         if not (starting and self.address is None and early > 0):
@@ -279,7 +281,7 @@ class Farm:
         for slot in slots:
             self._spawn(slot)
         self.slots += slots
-        self._ray_slots = n
+        self._ray_slots = self._planned = n
 
     def close(self) -> None:
         """Let every worker remove its temp directory, stop the workers, leave or stop Ray."""
@@ -598,7 +600,8 @@ class _Run:
         self.deferred = still
 
     def submit(self, slot: _Slot) -> None:
-        o, n_slots = self.farm.options, max(len(self.farm.slots), self.farm._ray_slots)
+        # batches are sized for the slots the build will have, local workers meanwhile or not
+        o, n_slots = self.farm.options, max(len(self.farm.slots), self.farm._planned)
         if slot.retiring:
             return
         if slot.waits_for is not None:
