@@ -47,7 +47,7 @@ examples:
 By default an embedded local Ray with one worker per core is started (a few seconds) and
 stopped at the end; into an empty cache it starts while the toolchain is probed and the plan
 made, otherwise only when something is left to compile. While it starts, --early-workers local
-processes (default: one per worker) already compile; each Ray worker that is up replaces one.
+processes (default: one per worker, leaving a core to Ray) compile; each Ray worker that is up replaces one.
 --address (or $RAY_ADDRESS) joins an existing cluster instead: ctbuild, the farm, the cache
 package and the project's kernel modules are shipped to the workers, which need
 cuda-tile[tileiras], ray, diskcache and xxhash installed, but no cache path and no shared
@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                         "cluster's CPUs)")
     p.add_argument("--early-workers", metavar="N", type=non_negative_int,
                    help="local processes that compile while the embedded Ray starts (default: "
-                        "one per worker, at most one per core; 0: none)")
+                        "one per worker, leaving one core to Ray; 0: none)")
     p.add_argument("--compile-timeout", metavar="S", type=positive_seconds,
                    default=DEFAULT_TIMEOUT,
                    help=f"seconds one config may compile before it is recorded as failed "
