@@ -86,6 +86,17 @@ def launchers(tuned, a, b=None
     return variants, parts
 
 
+def _guard_state(tuned, a: tuple) -> str:
+    """Whether the layout guard served the first workload's calls: ``on``, ``on/rN`` (rebuilt
+    N times), ``off`` (every call keyed: no guard plan, or dropped after too many rebuilds)."""
+    from ctbuild.serve.layout_guard import never
+    rt = tuned.runtime
+    entry = rt._fast[rt._key(*a)]
+    if entry.guard is never:
+        return "off"
+    return f"on/r{entry.reguards}" if entry.reguards else "on"
+
+
 def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -112,7 +123,7 @@ def main() -> int:
           f"median us per call; layout guard {'on' if out['layout_guard'] else 'unavailable'})")
     print(f"{'kernel':14} {'raw':>7} {'call':>7} {'launch':>7} {'call-raw':>9} {'launch-raw':>11}"
           f" {'call/raw':>9} {'key+dict':>9} {'stream':>7} {'raw(int)':>9} {'raw(new)':>9}"
-          f" {'alt-raw':>8} {'keys':>10}")
+          f" {'alt-raw':>8} {'keys':>10} {'guard':>6}")
     for name, tuned in ex.load_examples().items():
         a, _ = ex.gpu_case(tuned, 0)
         b = ex.gpu_case(tuned, 1)[0] if len(tuned.workloads) > 1 else None
@@ -139,12 +150,13 @@ def main() -> int:
                "call_ratio": med["call"] / med["raw"],
                **{f"{k}_us": v for k, v in part_us.items()}}
         row["keys"] = tuned.runtime.provenance()["keys"]
+        row["guard"] = _guard_state(tuned, a)
         out["kernels"][name] = row
         print(f"{name:14} {med['raw']:7.2f} {med['call']:7.2f} {med['launch']:7.2f} "
               f"{row['call_overhead_us']:9.2f} {row['launch_overhead_us']:11.2f} "
               f"{row['call_ratio']:9.2f} {part_us['key_lookup']:9.2f} "
               f"{part_us['stream_lookup']:7.2f} {med['raw_handle']:9.2f} {med['raw_fresh']:9.2f}"
-              f" {_us(row['alt_overhead_us']):>8} {row['keys']:>10}")
+              f" {_us(row['alt_overhead_us']):>8} {row['keys']:>10} {row['guard']:>6}")
     worst = max((max(r["call_overhead_us"], r["launch_overhead_us"]), n)
                 for n, r in out["kernels"].items())
     ok = worst[0] <= TARGET_US
