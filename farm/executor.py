@@ -62,7 +62,7 @@ def default_early_workers(slots: int) -> int:
     """Local workers to start while an embedded Ray starts: one per worker slot, leaving one
     core to Ray's own start-up (measured on 2 cores: 1 local worker 17.9 s end to end, none
     19.0-19.3 s, 2 19.4-19.8 s; on 64 cores one per slot kept the run within 1.17x the floor).
-    Each holds about 50 MB while it lives."""
+    Each holds the memory of one worker (the kernel modules it imports) while it lives."""
     return max(0, min(slots, (os.cpu_count() or 1) - 1))
 
 
