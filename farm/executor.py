@@ -58,12 +58,19 @@ TICK_SECONDS = 0.5
 CLOSE_SECONDS = 5.0
 #: How often (s) the driver looks at local workers and at Ray's start while both may answer.
 POLL_SECONDS = 0.02
+#: Cores an embedded Ray's own start-up keeps busy (its GCS, raylet, agents and prestarted
+#: workers start at once); local workers get the rest.
+RAY_START_CORES = 2
+
+
 def default_early_workers(slots: int) -> int:
-    """Local workers to start while an embedded Ray starts: one per worker slot, leaving one
-    core to Ray's own start-up (measured on 2 cores: 1 local worker 17.9 s end to end, none
-    19.0-19.3 s, 2 19.4-19.8 s; on 64 cores one per slot kept the run within 1.17x the floor).
+    """Local workers to start while an embedded Ray starts: one per worker slot, leaving
+    `RAY_START_CORES` to Ray's own start-up. None on 2 cores: there Ray's start-up fills the
+    machine, and a local worker beside it only moved that CPU time into the compile phase
+    (measured: throughput 0.72-0.87x a warm pool's against 0.91-0.97x without, end to end
+    within this VM's noise). On 64 cores one per slot kept the run within 1.17x the floor.
     Each holds the memory of one worker (the kernel modules it imports) while it lives."""
-    return max(0, min(slots, (os.cpu_count() or 1) - 1))
+    return max(0, min(slots, (os.cpu_count() or 1) - RAY_START_CORES))
 
 
 @dataclass

@@ -21,12 +21,16 @@ def _leftovers(root: Path) -> list[str]:
             and p.name.startswith(("ctbuild-", "farm-worker-"))]
 
 
-def test_no_temp_dir_remains_after_a_build(tmp_path):
+@pytest.mark.parametrize("early", ["0", "1"])
+def test_no_temp_dir_remains_after_a_build(tmp_path, early):
+    """With Ray's workers only, and with a local worker compiling while Ray starts."""
     temp = Path(tempfile.mkdtemp(prefix="ct", dir="/tmp"))  # short: Ray's socket paths
     try:
         proc, _, out = precompile("--config", str(SMALL), "--cache", str(tmp_path / "c"),
-                                  "--workers", "2", "--json", env={"TMPDIR": str(temp)})
+                                  "--workers", "2", "--early-workers", early, "--json",
+                                  env={"TMPDIR": str(temp)})
         assert proc.returncode == 0 and out["compiled"] == 6, explain(proc)
+        assert out["early_workers"] == int(early)
         assert not _leftovers(temp)
         assert (temp / "ray").is_dir()  # the build really ran with this TMPDIR
     finally:
@@ -67,7 +71,8 @@ def test_sigkill_of_the_driver_leaves_no_process_it_started(tmp_path):
     env.update(FARM_FIXTURE_HANG="1", PYTHONPATH=str(ROOT))
     driver = subprocess.Popen(
         [sys.executable, "-m", "ctbuild", "precompile", "--config", str(FAULTY), "--cache",
-         str(tmp_path / "c"), "--workers", "2", "--compile-timeout", "600"],
+         str(tmp_path / "c"), "--workers", "2", "--early-workers", "1", "--compile-timeout",
+         "600"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
@@ -81,6 +86,8 @@ def test_sigkill_of_the_driver_leaves_no_process_it_started(tmp_path):
         time.sleep(1.0)
         started = _descendants(driver.pid)
         assert len(started) >= 4, started  # GCS, raylet, agents, workers, the reaper
+        # the local worker that compiled while Ray started is one of them (on its hung job)
+        assert any("farm.local_workers" in _cmdline(p) for p in started), started
         driver.kill()
         driver.wait()
         deadline = time.monotonic() + 30

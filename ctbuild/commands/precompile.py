@@ -47,7 +47,7 @@ examples:
 By default an embedded local Ray with one worker per core is started (a few seconds) and
 stopped at the end; into an empty cache it starts while the toolchain is probed and the plan
 made, otherwise only when something is left to compile. While it starts, --early-workers local
-processes (default: one per worker, leaving a core to Ray) compile; each Ray worker that is up replaces one.
+processes (default: one per worker, leaving 2 cores to Ray) compile; each Ray worker that is up replaces one.
 --address (or $RAY_ADDRESS) joins an existing cluster instead: ctbuild, the farm, the cache
 package and the project's kernel modules are shipped to the workers, which need
 cuda-tile[tileiras], ray, diskcache and xxhash installed, but no cache path and no shared
@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                         "cluster's CPUs)")
     p.add_argument("--early-workers", metavar="N", type=non_negative_int,
                    help="local processes that compile while the embedded Ray starts (default: "
-                        "one per worker, leaving one core to Ray; 0: none)")
+                        "one per worker, leaving two cores to Ray: none on 2 cores; 0: none)")
     p.add_argument("--compile-timeout", metavar="S", type=positive_seconds,
                    default=DEFAULT_TIMEOUT,
                    help=f"seconds one config may compile before it is recorded as failed "
@@ -256,6 +256,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
         "jobs": len(rows), "compiled": result.count("compiled"),
         "cached": result.count("cached"), "failed": result.count("failed"),
         "seconds": round(time.perf_counter() - started, 3), "workers": result.workers,
+        "early_workers": result.early_workers,
         "startup_seconds": round(result.startup_seconds, 3),
         "startup_steps": result.startup_steps,
         "run_seconds": round(result.run_seconds, 3),
