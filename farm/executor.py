@@ -401,10 +401,11 @@ class Farm:
             self._leaving.append(slot.local)
         slot.batches.clear()
 
-    def _stop_local(self, wait: float) -> None:
-        """Stop every local worker: the live ones and those retired earlier."""
+    def _stop_local(self, wait: float, kill: bool = False) -> None:
+        """Stop every local worker: the live ones (killed with ``kill``: nothing more they
+        compile would land) and those retired earlier."""
         for slot in [s for s in self.slots if s.local is not None]:
-            self._drop_local(slot)
+            self._drop_local(slot, kill=kill)
         leaving, self._leaving = self._leaving, []
         deadline = time.monotonic() + wait
         for worker in leaving:
@@ -412,7 +413,7 @@ class Farm:
 
     def _stop_workers(self) -> None:
         """Kill every worker (after letting it clean up) and wait until each is really gone."""
-        self._stop_local(CLOSE_SECONDS)
+        self._stop_local(CLOSE_SECONDS, kill=True)
         ray = self._ray
         live = [s.actor for s in self.slots if s.actor is not None]
         for slot in self.slots:

@@ -87,6 +87,24 @@ def test_a_job_that_kills_the_local_worker_is_retried_on_ray(tmp_path):
     assert result.early_workers == 1
 
 
+def test_a_fatal_error_on_a_local_worker_stops_the_build(tmp_path):
+    jobs = [{"key": "bad", "payload": "x", "action": "mismatch"}] + _jobs(6, 0.3)
+    with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=2, early_workers=1,
+              sys_paths=[str(FIXTURE)], fatal_errors=("CompileMismatchError",),
+              estimate=lambda job: 10.0 if job["key"] == "bad" else 1.0) as farm:
+        farm.start_in_background()
+        result = farm.run(jobs)
+        local = [i["pid"] for i in farm.early_info]
+    # longest first: the local worker, up first, hit the toolchain mismatch; nothing after it
+    assert result.fatal and "toolchain differs" in result.fatal
+    by_key = {r.key: r for r in result.records}
+    assert by_key["bad"].status == "failed" and _pid(by_key["bad"].worker) in local
+    assert {r.error_type for r in result.records if r.key != "bad" and not r.ok} <= {"Aborted"}
+    for pid in local:  # the local worker was stopped with the build
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_no_local_workers_when_turned_off(tmp_path):
     """(Without a background start there are none either: `test_farm_executor` sees only Ray's
     slots.)"""
