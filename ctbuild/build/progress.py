@@ -143,11 +143,17 @@ def render_summary(kernels: list[dict[str, Any]], failures: list[dict[str, Any]]
         lines.append(f"{k['kernel']:<20} {k['jobs']:>5} {k['compiled']:>9} {k['cached']:>7} "
                      f"{k['failed']:>7} {k['compile_seconds']:>10.2f} {mean:>7}")
     where = summary.get("address") or "embedded Ray"
+    workers = f"{summary['workers']} workers on {where}"
+    if summary.get("early_workers"):  # local workers bridged Ray's start-up
+        workers = (f"{workers}, {summary['early_workers']} local while it started"
+                   if summary["workers"] else
+                   f"{summary['early_workers']} local worker"
+                   f"{'s' if summary['early_workers'] > 1 else ''} while the {where} started")
     lines.append("")
     lines.append(
         f"{summary['jobs']} jobs: {summary['compiled']} compiled, {summary['cached']} cached, "
         f"{summary['failed']} failed in {summary['seconds']:.1f}s "
-        f"({summary['workers']} workers on {where}; start-up {summary['startup_seconds']:.1f}s) "
+        f"({workers}; start-up {summary['startup_seconds']:.1f}s) "
         f"for {', '.join(summary['archs'])}; cache {summary['cache']}")
     if failures:
         lines.append("")
