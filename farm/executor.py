@@ -232,6 +232,7 @@ class Farm:
         starting = self._thread is not None and not self._start_done.is_set()
         wanted = self._wanted(n_jobs) or 1
         self._planned = wanted
+        self.early_workers, self.early_info = 0, []
         early = self.options.early_workers
         early = default_early_workers(wanted) if early is None else min(early, wanted)
         if not (starting and self.address is None and early > 0):
@@ -240,10 +241,13 @@ class Farm:
         self.startup_steps["early"] = time.monotonic() - self._t_start
         spec = self._spec()
         for i in range(early):
-            slot = _Slot(f"e{i}", local=LocalWorker(f"e{i}", spec))
+            try:
+                slot = _Slot(f"e{i}", local=LocalWorker(f"e{i}", spec))
+            except OSError:  # no more processes here (a limit, no memory): Ray's workers will do
+                break
             slot.warm_ref = slot.local  # until it says it is warm
             self.slots.append(slot)
-        self.early_workers = early
+            self.early_workers += 1
 
     def _poll_start(self, n_jobs: int) -> bool:
         """Spawn Ray's workers once a background start is done; True while it is not."""
