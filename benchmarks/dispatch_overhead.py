@@ -1,6 +1,7 @@
 """Host overhead per call of a declared kernel over a raw ``ct.launch``.
 
     CTBUILD_CACHE_DIR=DIR python benchmarks/dispatch_overhead.py [--calls 200] [--rounds 60]
+        [--cpu auto|none|N]
 
 For each example kernel (first declared workload, warm from the cache in DIR, strict mode):
 times ``N`` back-to-back host calls of
@@ -10,10 +11,18 @@ times ``N`` back-to-back host calls of
   alt:     kernel(*first), kernel(*second), ...: the first two declared workloads in turn, so
            no call repeats the layout of the call before (the key lookup of every call), next
            to raw launches of the same two in turn
-with N below the launch-queue depth so the GPU never pushes back, rounds interleaved; the
-overhead is the median over rounds of each round's difference to its raw launches. Prints
+with N below the launch-queue depth so the GPU never pushes back; every round times every
+kernel's every variant (so a slow spell of the host spreads over all kernels' rounds and the
+medians drop it); the overhead is the median over rounds of each round's difference to its raw
+launches. Prints
 microseconds per call, the overheads over raw, and PASS/FAIL against the target (call and
 launch at most 1.5 us over raw, with the device named; ``alt`` is reported beside it).
+
+The process is pinned to one CPU core (``--cpu auto``: the last core local to the GPU), as a
+latency benchmark (and a latency-bound service) is: a process the scheduler moves between cores
+or sockets mid-run pays cold caches and remote memory on every call it makes there, raw
+launches and ours alike, and per-kernel figures then depend on where each kernel happened to
+run. ``--cpu none`` leaves it to the scheduler.
 """
 from __future__ import annotations
 
@@ -34,6 +43,36 @@ for p in (str(ROOT), str(ROOT / "tests"), str(ROOT / "examples")):
 
 #: Most host time a declared kernel's call may add over a raw ct.launch.
 TARGET_US = 1.5
+
+
+def pin_cpu(choice: str) -> str:
+    """Pin this process to one core (``auto``: the last one local to GPU 0, as sysfs lists
+    them, else the last one allowed); what it did, for the report."""
+    if choice == "none":
+        return "not pinned"
+    allowed = os.sched_getaffinity(0)
+    if choice == "auto":
+        cpu = max(_gpu_local_cpus() & allowed or allowed)
+    else:
+        cpu = int(choice)
+    os.sched_setaffinity(0, {cpu})
+    return f"pinned to CPU {cpu}"
+
+
+def _gpu_local_cpus() -> set[int]:
+    import torch
+    props = torch.cuda.get_device_properties(0)
+    try:
+        bus = (f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:"
+               f"{props.pci_device_id:02x}.0")
+        text = Path(f"/sys/bus/pci/devices/{bus}/local_cpulist").read_text().strip()
+    except (AttributeError, OSError):
+        return set()
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -106,6 +145,8 @@ def main() -> int:
     parser.add_argument("--cache", default=os.environ.get("CTBUILD_CACHE_DIR"))
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--cpu", default="auto",
+                        help="core to pin to: auto (one local to the GPU), none, or a number")
     parser.add_argument("--json")
     args = parser.parse_args()
     if not args.cache:
@@ -116,14 +157,16 @@ def main() -> int:
     from ctbuild import runtime
     runtime.configure(cache_dir=args.cache, mode="strict")
     out = {"device": torch.cuda.get_device_name(), "calls": args.calls, "rounds": args.rounds,
-           "kernels": {}}
+           "cpu": pin_cpu(args.cpu), "kernels": {}}
     from ctbuild.serve.layout_guard import available
     out["layout_guard"] = available()
     print(f"dispatch overhead on {out['device']} ({args.rounds} rounds x {args.calls} calls, "
-          f"median us per call; layout guard {'on' if out['layout_guard'] else 'unavailable'})")
+          f"median us per call; layout guard {'on' if out['layout_guard'] else 'unavailable'}; "
+          f"{out['cpu']})")
     print(f"{'kernel':14} {'raw':>7} {'call':>7} {'launch':>7} {'call-raw':>9} {'launch-raw':>11}"
           f" {'call/raw':>9} {'key+dict':>9} {'stream':>7} {'raw(int)':>9} {'raw(new)':>9}"
           f" {'alt-raw':>8} {'keys':>10} {'guard':>6}")
+    cases = {}
     for name, tuned in ex.load_examples().items():
         a, _ = ex.gpu_case(tuned, 0)
         b = ex.gpu_case(tuned, 1)[0] if len(tuned.workloads) > 1 else None
@@ -131,10 +174,15 @@ def main() -> int:
         part_us = {k: min(per_call_us(fn, 2000) for _ in range(5)) for k, fn in parts.items()}
         for fn in variants.values():  # warm-up
             per_call_us(fn, 20)
-        samples: dict[str, list[float]] = {k: [] for k in variants}
-        for _ in range(args.rounds):
+        cases[name] = (tuned, a, variants, part_us, {k: [] for k in variants})
+    # Every round times every kernel's every variant: a spell of a slower host (another
+    # tenant, a frequency change) then lands in a few rounds of each kernel, which the medians
+    # drop, instead of in all the rounds of whichever kernel was being timed.
+    for _ in range(args.rounds):
+        for _, _, variants, _, samples in cases.values():
             for k, fn in variants.items():
                 samples[k].append(per_call_us(fn, args.calls))
+    for name, (tuned, a, _, part_us, samples) in cases.items():
         med = {k: statistics.median(v) for k, v in samples.items()}
         # The overhead is the median of each round's difference to the raw launch timed
         # next to it: a host whose speed drifts between rounds shifts both alike.

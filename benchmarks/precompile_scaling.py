@@ -16,12 +16,16 @@ to exit:
 * farm N: ``python -m ctbuild precompile --workers N`` (embedded Ray).
 
 Reported per N: end-to-end seconds of both and their ratio (pool/farm: >= 1 means the farm is
-faster); throughput after start-up (jobs / seconds from workers ready to the last job) and its
-ratio; the farm's start-up (Ray start to the first worker warm, overlapped with planning); and
-the floor max(sum of compile seconds / N, longest job) with the farm's compile phase and end to
-end against it; and when the farm's longest job started and its last job finished (from its
-``--report``: where a tail comes from). Other load
-skews all of these: the load average is printed before and after.
+faster); throughput after start-up, as jobs per warm worker-second (``thr ratio``: the pool's N
+workers count from when all of them are warm, as its clock starts then; the farm's workers each
+from its own warm-up, ``worker_seconds`` in ``precompile --json``), and the compile phases'
+ratio (``run ratio``: pool seconds from all warm to the last job over farm seconds from the
+first warm worker, which charges the farm for the seconds its other workers still warm up
+while the first already compiles); the farm's start-up (Ray start to the first worker warm,
+overlapped with planning); the floor max(sum of compile seconds / N, longest job) with the
+farm's compile phase and end to end against it; and when the farm's longest job started and its
+last job finished (from its ``--report``: where a tail comes from). Other load skews all of
+these: the load average is printed before and after.
 """
 from __future__ import annotations
 
@@ -117,7 +121,10 @@ def measure(config: str, archs: str | None, n: int, tmp: Path) -> dict:
         "pool_e2e_s": pool_e2e, "farm_e2e_s": farm_e2e, "e2e_farm_vs_pool": pool_e2e / farm_e2e,
         "pool_run_s": pool["run_seconds"], "farm_run_s": farm["run_seconds"],
         "pool_cfg_per_s": jobs / pool["run_seconds"], "farm_cfg_per_s": jobs / farm["run_seconds"],
-        "throughput_farm_vs_pool": pool["run_seconds"] / farm["run_seconds"],
+        # per warm worker-second: the pool's clock starts when all its workers are warm, the
+        # farm's workers each count from their own warm-up (`FarmResult.worker_seconds`)
+        "throughput_farm_vs_pool": n * pool["run_seconds"] / farm["worker_seconds"],
+        "run_farm_vs_pool": pool["run_seconds"] / farm["run_seconds"],
         "farm_startup_s": farm["startup_seconds"],
         "farm_startup_steps": farm.get("startup_steps", {}),
         "floor_s": floor, "farm_floor_s": farm_floor,
@@ -168,12 +175,14 @@ def main(argv: list[str] | None = None) -> int:
                   + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     print()
     print(f"{'workers':>7} {'pool e2e s':>10} {'farm e2e s':>10} {'e2e ratio':>9} "
-          f"{'pool run s':>10} {'farm run s':>10} {'thr ratio':>9} {'start-up s':>10} "
+          f"{'pool run s':>10} {'farm run s':>10} {'run ratio':>9} {'thr ratio':>9} "
+          f"{'start-up s':>10} "
           f"{'floor s':>8} {'run/floor':>9} {'e2e/floor':>9}")
     for r in results:
         print(f"{r['workers']:>7} {r['pool_e2e_s']:>10.2f} {r['farm_e2e_s']:>10.2f} "
               f"{r['e2e_farm_vs_pool']:>8.2f}x {r['pool_run_s']:>10.2f} {r['farm_run_s']:>10.2f} "
-              f"{r['throughput_farm_vs_pool']:>8.2f}x {r['farm_startup_s']:>10.2f} "
+              f"{r['run_farm_vs_pool']:>8.2f}x {r['throughput_farm_vs_pool']:>8.2f}x "
+              f"{r['farm_startup_s']:>10.2f} "
               f"{r['farm_floor_s']:>8.2f} {r['farm_run_vs_floor']:>9.2f} "
               f"{r['farm_e2e_vs_floor']:>9.2f}")
     print("ratios: pool seconds / farm seconds (>= 1: the farm is faster); floor: "

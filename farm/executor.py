@@ -118,6 +118,7 @@ class _Slot:
     local: LocalWorker | None = None  # a local worker's process, instead of a Ray actor
     retiring: bool = False  # a local worker a Ray worker replaces: no more batches
     waits_for: _Slot | None = None  # the local worker this Ray worker replaces, until it left
+    open_since: float | None = None  # when it could first take jobs (None: not yet, or gone)
 
     @property
     def ready(self) -> bool:
@@ -161,6 +162,8 @@ class Farm:
         #: spawned (``spawned``: once the caller has planned), the first one warm (``ready``).
         self.startup_steps: dict[str, float] = {}
         self.restarts = 0
+        #: Seconds workers could take jobs, summed over workers (`FarmResult.worker_seconds`).
+        self.worker_seconds = 0.0
         self.fatal: str | None = None
         self._t_start = 0.0                  # time.monotonic() when Ray's start began
         self._first_ready: float | None = None  # time.monotonic() when the first was warm
@@ -364,6 +367,8 @@ class Farm:
                 self.fatal = (f"worker {info.get('worker', slot.name)} has {k} "
                               f"{info.get(k)!r} but the driver has {want!r}: every worker must "
                               "run the same toolchain and sources as the driver")
+        if slot.waits_for is None and not self.fatal:
+            slot.open_since = time.monotonic()
         if self._first_ready is None and not self.fatal:
             self._first_ready = time.monotonic()
             self.startup_seconds = self._first_ready - self._t_start
@@ -387,10 +392,19 @@ class Farm:
             self._drop_local(slot)
         else:
             ray_slot.waits_for = slot
+            self._closed(ray_slot)  # open once the local worker has left
+
+    def _closed(self, slot: _Slot) -> None:
+        """A worker takes no more jobs (gone, replaced, waiting, or the run is over): its time
+        open to jobs counts into `worker_seconds`."""
+        if slot.open_since is not None:
+            self.worker_seconds += time.monotonic() - slot.open_since
+            slot.open_since = None
 
     def _drop_local(self, slot: _Slot, kill: bool = False) -> None:
         """Take a local worker out of the farm: asked to clean up and exit (reaped at close),
         or killed (a dead, hung or still-warming one)."""
+        self._closed(slot)
         if slot in self.slots:
             self.slots.remove(slot)
         if slot.local is None:
@@ -422,6 +436,7 @@ class Farm:
         live = [s.actor for s in self.slots if s.actor is not None]
         for slot in self.slots:
             slot.batches.clear()
+            self._closed(slot)
         if not live:
             return
         ray.wait([a.close.remote() for a in live], num_returns=len(live), timeout=CLOSE_SECONDS)
@@ -439,6 +454,7 @@ class Farm:
 
     def _restart(self, slot: _Slot) -> None:
         self.restarts += 1
+        self._closed(slot)
         if slot.local is not None:  # never replaced: Ray's workers take over
             self._drop_local(slot, kill=True)
             return
@@ -484,12 +500,19 @@ class Farm:
                 if todo:
                     if on_start:
                         on_start(len(todo))
+                    self.worker_seconds = 0.0
                     self._begin(len(todo))
                     t0 = time.monotonic()
+                    for slot in self.slots:  # warm from an earlier run
+                        if slot.ready and slot.waits_for is None:
+                            slot.open_since = t0
                     _Run(self, store, claims, records, on_record, on_tick, on_ready).loop(todo)
                     result.startup_seconds = self.startup_seconds
                     result.startup_steps = {k: round(v, 3) for k, v in self.startup_steps.items()}
                     result.run_seconds = time.monotonic() - (self._first_ready or t0)
+                    for slot in self.slots:
+                        self._closed(slot)
+                    result.worker_seconds = self.worker_seconds
                     result.workers = self._ray_slots
                     result.early_workers = self.early_workers
                     result.worker_info = self.early_info + [
@@ -621,6 +644,7 @@ class _Run:
             if slot.waits_for in self.farm.slots:
                 return
             slot.waits_for = None
+            slot.open_since = time.monotonic()
         # A second batch queued behind a running one keeps a worker busy between batches, but
         # at the tail it would hold jobs that an idle worker could start now: prefetch only
         # while every slot can still get a full queue. A local worker gets one batch at a

@@ -4,10 +4,13 @@ Ray's local processes (GCS, raylet, their agents, the workers) are descendants o
 that started them; when the driver dies by SIGKILL (an OOM kill) some of them survive it. The
 driver starts this script as a separate process (its own session, so it is not killed with the
 driver's process group) holding the read end of a pipe. It keeps a list of the driver's
-descendants that appeared after it started, rescanning ``/proc`` twice a second; when the pipe
-reaches EOF without a goodbye (the driver is gone) it SIGKILLs every one of them still alive
-(checked by start time, so a reused PID is never hit), then exits. Standard library only: it runs
-as a plain script, not as part of the package.
+descendants that appeared after it started, rescanning ``/proc`` twice a second while Ray starts
+(its daemons and agents appear then) and every few seconds after that, so that on a small
+machine it takes next to no CPU from the compiles (a process that appears later is a child of
+one it already watches, and found when it kills). When the pipe reaches EOF without a goodbye
+(the driver is gone) it SIGKILLs every one of them still alive (checked by start time, so a
+reused PID is never hit), then exits. Standard library only: it runs as a plain script, not as
+part of the package.
 """
 from __future__ import annotations
 
@@ -15,9 +18,13 @@ import os
 import select
 import signal
 import sys
+import time
 from pathlib import Path
 
+#: Seconds between scans of ``/proc`` for the first `STARTUP_SECONDS`, then `LATER_SCAN_SECONDS`.
 SCAN_SECONDS = 0.5
+STARTUP_SECONDS = 30.0
+LATER_SCAN_SECONDS = 3.0
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -50,8 +57,10 @@ def _descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]
 def watch(driver: int, pipe: int) -> None:
     before = set(_table()) | {os.getpid()}  # what existed already is not the farm's
     watched: dict[int, int] = {}
+    started = time.monotonic()
     while True:
-        ready, _, _ = select.select([pipe], [], [], SCAN_SECONDS)
+        early = time.monotonic() - started < STARTUP_SECONDS
+        ready, _, _ = select.select([pipe], [], [], SCAN_SECONDS if early else LATER_SCAN_SECONDS)
         table = _table()
         for pid in _descendants({driver, *watched}, table) - before:
             watched.setdefault(pid, table[pid][1])

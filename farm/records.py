@@ -52,6 +52,11 @@ class FarmResult:
     startup_seconds: float = 0.0  # Ray start/connect + workers imported and warm
     startup_steps: dict[str, float] = field(default_factory=dict)  # `Farm.startup_steps`
     run_seconds: float = 0.0      # first batch submitted -> last record in
+    #: Seconds workers could take jobs, summed over workers: from each one's warm-up (or the
+    #: local worker it replaced leaving) to its end. Jobs per worker-second compares with a
+    #: warm pool whose clock starts when all its workers are warm, which ``run_seconds``
+    #: (from the first warm worker) does not: the others may still be warming then.
+    worker_seconds: float = 0.0
     restarts: int = 0             # workers lost to a crash or a hang (Ray's are replaced)
     fatal: str | None = None      # why the build was aborted, if it was
     worker_info: list[dict[str, Any]] = field(default_factory=list)

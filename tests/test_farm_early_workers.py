@@ -65,6 +65,11 @@ def test_local_workers_compile_until_rays_workers_take_over(tmp_path):
         running += step
         most = max(most, running)
     assert most <= 2, most
+    # worker-seconds: every compile ran while its worker was open to jobs, and never more
+    # than two were open at once (the local one, then the Ray worker that waited for it)
+    busy = sum(r.seconds for r in result.records)
+    assert busy <= result.worker_seconds <= 2 * result.run_seconds + 0.05, \
+        (busy, result.worker_seconds, result.run_seconds)
     # the local worker left once a Ray worker replaced it (and was reaped, not left a zombie)
     with pytest.raises(ProcessLookupError):
         os.kill(local, 0)

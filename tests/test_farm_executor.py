@@ -31,6 +31,8 @@ def test_generic_jobs_failures_isolated_and_never_cached(tmp_path):
     assert result.fatal is None
     steps = result.startup_steps  # where the start-up went: Ray, then workers, then warm
     assert 0 < steps["ray"] <= steps["spawned"] <= steps["ready"] == round(result.startup_seconds, 3)
+    assert sum(r.seconds for r in result.records) <= result.worker_seconds \
+        <= 2 * result.run_seconds + 0.05
     by_key = {r.key: r for r in result.records}
     assert by_key["k012"].status == "failed" and by_key["k012"].error_type == "ValueError"
     assert by_key["k012"].first_error_line == "ValueError: planted failure for k012"

@@ -111,8 +111,8 @@ def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
     with torch.inference_mode():
         for _ in range(5):
             tuned(*args)
-    entry = rt._last.entry
-    assert len(lookups) == 1 and entry.reguards == 1 and entry.guard is not never
+    entry = dict.get(rt._fast, rt._key(*args))
+    assert tuned._call is entry.call and len(lookups) == 1 and entry.reguards == 1 and entry.guard is not never
     for _ in range(MAX_REGUARDS):
         tuned(*args)
         with torch.inference_mode():
@@ -142,8 +142,52 @@ def test_a_call_racing_a_memo_reset_leaves_no_stale_last_entry(
     counted = rt.provenance()["launches"]
     for _ in range(5):
         tuned(*args)
-    assert rt._last.entry in rt._fast.values() and len(slow) == 3
+    assert tuned._call in [e.call for e in rt._fast.values()] and len(slow) == 3
     assert rt.provenance()["launches"] == counted + 5 and len(stub_gpu) == 8
+
+
+def test_an_entry_serves_its_layout_with_its_own_constants(stub_gpu: list[tuple],
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Once served, a layout's calls go to its entry's own functions (by call and by
+    ``launch``); a scalar of another type leaves them for the key and another entry."""
+    launches = stub_gpu
+    tuned, rt, args, slow, lookups = _warm("rmsnorm", monkeypatch)
+    entry = dict.get(rt._fast, rt._key(*args))
+    assert tuned._call is entry.call and tuned._launch is entry.launch
+    tuned(*args)
+    tuned.launch(7, *args)
+    assert lookups == [] and launches[-1][0] == 7 and entry.calls == 3
+    tuned(args[0], args[1], args[2], 1)  # an int eps: another key, another entry
+    assert len(slow) == 2 and tuned._call is not entry.call
+    tuned(*args)  # keyed once, then served by its entry again
+    tuned(*args)
+    assert tuned._call is entry.call and entry.calls == 5 and len(lookups) == 2
+    assert [type(la[3][3]) for la in launches] == [float] * 3 + [int] + [float] * 2
+
+
+def test_a_cutile_refusing_raw_stream_handles_gets_stream_objects(
+        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry armed with the raw stream getter that cuTile then refuses: the runtime
+    switches to stream objects once, re-arms its entries, and no later call is refused."""
+    import ctbuild.serve.kernel_runtime as rtmod
+    launches, refused = stub_gpu, []
+    tuned, rt, args, slow, _ = _warm("silu_mul", monkeypatch)
+
+    def launch(stream: Any, *rest: Any) -> None:
+        if isinstance(stream, int):
+            refused.append(stream)
+            raise TypeError("launch() expected a stream object")
+        launches.append((stream, *rest))
+
+    monkeypatch.setattr(rtmod.ct, "launch", launch)
+    monkeypatch.setattr(rtmod, "current_stream_object", lambda device: "stream object")
+    rt._hot._namespace["ct_launch"] = launch  # what the generated code launches with
+    for _ in range(4):
+        tuned(*args)
+    assert len(refused) == 1 and len(slow) == 1
+    assert [la[0] for la in launches[1:]] == ["stream object"] * 4
+    assert rt.provenance()["launches"] == 5
 
 
 @ct.kernel

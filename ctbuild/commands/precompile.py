@@ -260,6 +260,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
         "startup_seconds": round(result.startup_seconds, 3),
         "startup_steps": result.startup_steps,
         "run_seconds": round(result.run_seconds, 3),
+        "worker_seconds": round(result.worker_seconds, 3),
         "compile_seconds": round(sum(r["seconds"] for r in rows), 3),
         "restarts": result.restarts, "toolchain": toolchain.fingerprint,
         "archs": [str(a) for a in archs], "cache": str(project.cache_dir),

@@ -12,11 +12,11 @@ from .served_kernel import ServedKernel
 class Entry:
     """A resolved call layout: grid, served kernel, the recipe of the kernel arguments, the
     device, the ``reset_to_zero`` positions, a launch count, what resolved it (``info``,
-    filled after its first launch, for provenance) and, where the runtime sets one, the
-    guard and scalars that recognise a call of exactly its first call's layout
-    (`layout_guard`)."""
+    filled after its first launch, for provenance) and, where the runtime guards its calls,
+    the guard and scalars that recognise a call of exactly its first call's layout
+    (`layout_guard`) and its own ``call`` and ``launch`` (`hot_call.HotPath.arm`)."""
     __slots__ = ("grid", "kernel", "tail", "hot_tail", "recipe", "rebuild", "device", "zero",
-                 "calls", "info", "guard", "scalars", "reguards")
+                 "calls", "info", "guard", "scalars", "reguards", "call", "launch")
 
     def __init__(self, grid: tuple[int, ...], kernel: ServedKernel, call_args: tuple,
                  kernel_args: tuple, rebuild: Callable[[tuple], tuple], device: int,
@@ -31,6 +31,8 @@ class Entry:
         self.guard: Callable[..., bool] = never
         self.scalars: tuple = ()
         self.reguards = 0
+        self.call: Callable[..., None] | None = None
+        self.launch: Callable[..., None] | None = None
 
     def build(self, args: tuple) -> tuple:
         """The kernel arguments of a call with these call arguments."""
@@ -71,15 +73,3 @@ def _plain(value: Any) -> bool:
         return all(_plain(v) for v in value)
     return value is None or type(value) in (bool, int, float, str)
 
-
-class LastEntry:
-    """Which entry the hot path served last, for one generation of its memo.
-
-    The hot path reads and writes it without the runtime's lock. When the memo starts over
-    (new key function, key level or guard plan, or dropped rows) the runtime installs a new
-    cell after the new memo, so a call still running on the old ones writes into a cell that
-    nobody reads any more, never into the new one."""
-    __slots__ = ("entry",)
-
-    def __init__(self, entry: Entry) -> None:
-        self.entry = entry

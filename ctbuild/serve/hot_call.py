@@ -1,22 +1,25 @@
 """The hot path's code, generated per argument kinds (as a JIT's launcher is per signature).
 
-A warm call costs one frame here: unpack the arguments, find the entry, launch. The entry is
-found by asking the one served last whether the call has its layout (`layout_guard`: one C
-call, where the kinds of arguments allow it), else by building the key inline and looking it
-up. Written as ordinary methods the same work took four frames and a call to a separate key
-function, about 0.4 us more per call, which is most of the budget. The template is the whole
-hot path; everything uncommon goes back to the runtime's methods:
+A warm call costs one frame here. Where the kinds of arguments allow a layout guard
+(`layout_guard`), the kernel's calls go straight to the functions of the entry it served last
+(`HotPath.arm`): its guard, grid, served kernel, constant tail, device and scalar values are
+closure constants, so a call that repeats that layout costs one C guard call and the launch,
+no attribute or memo lookup. A call the guard refuses builds its key inline, looks it up and
+routes the kernel to the entry it found (`KernelRuntime.switch`). Without a guard the kernel's
+calls build the key every time. Written as ordinary methods the same work took four frames and
+a call to a separate key function, about 0.4 us more per call; reading the last entry from the
+runtime cost another 0.1 us. Everything uncommon goes back to the runtime's methods:
 
 - keywords -> ``rt.with_keywords`` (binds them, then calls this again),
 - no entry, or arguments of other kinds -> ``rt._first_call`` (the slow path),
-- the last entry's guard refusing a call its key matches -> ``rt.reguard`` (a few times),
+- an entry's guard refusing a call its key matches -> ``rt.reguard`` (a few times),
 - an entry that zeroes arguments or rebuilds kernel arguments -> ``rt.launch_entry``,
 - any launch error (`served_kernel.LayoutChanged` included) -> ``rt.launch_failed``.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cuda.tile as ct
 
@@ -24,16 +27,15 @@ from .layout_guard import GuardPlan, never
 from .live_args import key_expression
 
 if TYPE_CHECKING:
+    from .entry import Entry
     from .kernel_runtime import KernelRuntime
 
-_TEMPLATE = '''
-def {name}({stream_param}*args, **kwargs):
-    if kwargs:
-        return rt.with_keywords({stream}, args, kwargs)
-    try:
-{lookup}
-    except Exception:  # a new layout (KeyError) or other argument kinds: the slow path
-        return rt._first_call({stream}, args)
+#: ``(call(*args, **kwargs), launch(stream, *args, **kwargs))``
+Calls = tuple[Callable[..., None], Callable[..., None]]
+
+# Launching a found entry: the general form (entries that zero arguments or rebuild their
+# kernel arguments go to the runtime).
+_LAUNCH_FOUND = """\
     tail = entry.hot_tail
     if tail is None:
         return rt.launch_entry(entry, {stream}, args)
@@ -43,54 +45,129 @@ def {name}({stream_param}*args, **kwargs):
     except Exception as exc:
         entry.calls -= 1
         rt.launch_failed(exc, entry, {stream}, args)
+"""
+
+# Keys only: every call builds its key.
+_KEYED = '''
+def hot_{kind}({stream_param}*args, **kwargs):
+    if kwargs:
+        return rt.with_keywords({stream}, args, kwargs)
+    try:
+        [{params}] = args
+        entry = rt._fast[{key}]
+    except Exception:  # a new layout (KeyError) or other argument kinds: the slow path
+        return rt._first_call({stream}, args)
+''' + _LAUNCH_FOUND
+
+# Guarded: a call an entry's guard refused (``last``; None before any entry) is keyed, and
+# the kernel is routed to the entry its key finds. The memo is read once, before the lookup
+# (`KernelRuntime.switch` says why).
+_SWITCH = '''
+def switch_{kind}({stream_param}args, last):
+    try:
+        [{params}] = args
+        memo = rt._fast
+        entry = memo[{key}]
+    except Exception:  # a new layout (KeyError) or other argument kinds: the slow path
+        return rt._first_call({stream}, args)
+    if entry is not last:
+        rt.switch(entry, memo)
+    elif entry.guard is not never:
+        rt.reguard(entry, args, memo)
+''' + _LAUNCH_FOUND + '''
+def hot_{kind}({stream_param}*args, **kwargs):
+    if kwargs:
+        return rt.with_keywords({stream}, args, kwargs)
+    return switch_{kind}({stream_arg}args, None)
 '''
 
+# One entry's functions: everything they launch with is a closure constant.
+_ARMED = '''
+    def {kind}({stream_param}*args, **kwargs):
+        if kwargs:
+            return rt.with_keywords({stream}, args, kwargs)
+        try:
+            {unpack}hit = {test}
+        except Exception:  # other argument kinds
+            hit = False
+        if not hit:
+            return switch_{kind}({stream_arg}args, entry)
+{launch}'''
 
-_LOOKUP = """\
-        [{params}] = args
-        entry = rt._fast[{key}]"""
+_ARMED_LAUNCH = {
+    "tail": """\
+        entry.calls += 1
+        try:
+            ct_launch({stream_expr}, grid, kernel, args{plus_tail})
+        except Exception as exc:
+            entry.calls -= 1
+            rt.launch_failed(exc, entry, {stream}, args)
+""",
+    "runtime": """\
+        rt.launch_entry(entry, {stream}, args)
+""",
+}
 
-# With scalars the arguments are unpacked first (the test compares them); with tensors only
-# the guard takes the arguments' tuple as it is, and only the key needs them unpacked. The
-# last entry's cell is read before the memo (`entry.LastEntry` says why).
-_GUARDED_LOOKUP = """\
-        {unpack_first}cell = rt._last
-        last = cell.entry
-        if {test}:
-            entry = last
-        else:
-            {unpack_then}entry = rt._fast[{key}]
-            if entry is not last:
-                cell.entry = entry
-            elif last.guard is not never:
-                rt.reguard(entry, args)"""
+_KINDS = (("call", "", "None", ""), ("launch", "stream, ", "stream", "stream, "))
 
 
-def hot_calls(rt: KernelRuntime, args: tuple, with_device: bool, level: str,
-              guard: GuardPlan | None
-              ) -> tuple[Callable[..., None], Callable[..., None]]:
-    """``(call(*args, **kwargs), launch(stream, *args, **kwargs))`` for calls with the kinds of
-    ``args``, keyed as `live_args.key_expression` says; with a ``guard`` plan (tensor and
-    scalar positions), the entry served last is asked first."""
-    params, key, namespace = key_expression(args, with_device, level)
-    namespace.update(rt=rt, ct_launch=ct.launch, never=never)
-    unpack = f"[{params}] = args"
-    if guard is None:
-        lookup = _LOOKUP.format(params=params, key=key)
-    else:
-        tensors, scalars = guard
+class HotPath:
+    """The generated code for calls with one set of argument kinds: ``call`` and ``launch``
+    (what a kernel with no current entry runs) and, with a guard plan, `arm`."""
+
+    def __init__(self, rt: KernelRuntime, args: tuple, with_device: bool, level: str,
+                 guard: GuardPlan | None) -> None:
+        params, key, namespace = key_expression(args, with_device, level)
+        namespace.update(rt=rt, ct_launch=ct.launch, never=never)
+        self._namespace, self._plan = namespace, guard
+        self._factories: dict[tuple[str, bool], Callable[..., Calls]] = {}
+        template = _KEYED if guard is None else _SWITCH
+        source = "".join(template.format(kind=kind, stream_param=param, stream=stream,
+                                         stream_arg=arg, params=params, key=key,
+                                         stream_expr=_stream_expr(stream, "entry.device"))
+                         for kind, param, stream, arg in _KINDS)
+        exec(compile(source, f"<ctbuild hot path of {rt.name}>", "exec"), namespace)
+        self.call: Callable[..., None] = namespace["hot_call"]
+        self.launch: Callable[..., None] = namespace["hot_launch"]
+
+    @property
+    def guarded(self) -> bool:
+        return self._plan is not None
+
+    def arm(self, entry: Entry, stream_of: Callable[[int], Any]) -> None:
+        """Give ``entry`` its own ``call`` and ``launch`` (guarded plans only): its guard and
+        scalar values decide whether a call is its own, then it launches with its constants
+        on the stream ``stream_of(device)`` gives."""
+        assert self._plan is not None
+        tail = entry.hot_tail
+        shape = "runtime" if tail is None else "tail"
+        make = self._factories.get((shape, bool(tail)))
+        if make is None:
+            make = self._factories[shape, bool(tail)] = self._factory(shape, bool(tail))
+        entry.call, entry.launch = make(entry, entry.guard, entry.grid, entry.kernel, tail,
+                                        entry.device, stream_of, *entry.scalars)
+
+    def _factory(self, shape: str, with_tail: bool) -> Callable[..., Calls]:
+        tensors, scalars = self._plan or ((), ())
+        n = len(tensors) + len(scalars)
         if scalars:
-            pairs = ", ".join(f"type(a{i}), a{i}" for i in scalars)
-            test = f"last.guard({', '.join(f'a{i}' for i in tensors)}) and " \
-                f"({pairs}) == last.scalars"
-            first, then = unpack + "\n        ", ""
+            unpack = f"[{', '.join(f'a{i}' for i in range(n))}] = args\n            "
+            test = f"guard({', '.join(f'a{i}' for i in tensors)})" + "".join(
+                f" and type(a{i}) is t{i} and a{i} == v{i}" for i in scalars)
         else:
-            test, first, then = "last.guard(*args)", "", unpack + "\n            "
-        lookup = _GUARDED_LOOKUP.format(unpack_first=first, unpack_then=then, test=test,
-                                        key=key)
-    source = _TEMPLATE.format(name="hot_call", stream_param="", stream="None",
-                              stream_expr="rt._stream_of(entry.device)", lookup=lookup) + \
-        _TEMPLATE.format(name="hot_launch", stream_param="stream, ", stream="stream",
-                         stream_expr="stream", lookup=lookup)
-    exec(compile(source, f"<ctbuild hot path of {rt.name}>", "exec"), namespace)
-    return namespace["hot_call"], namespace["hot_launch"]
+            unpack, test = "", "guard(*args)"
+        body = "".join(_ARMED.format(
+            kind=kind, stream_param=param, stream=stream, stream_arg=arg, unpack=unpack,
+            test=test, launch=_ARMED_LAUNCH[shape].format(
+                stream=stream, stream_expr=_stream_expr(stream, "device", "stream_of"),
+                plus_tail=" + tail" if with_tail else ""))
+            for kind, param, stream, arg in _KINDS)
+        consts = "".join(f", t{i}, v{i}" for i in scalars)
+        source = (f"def arm(entry, guard, grid, kernel, tail, device, stream_of{consts}):\n"
+                  f"{body}\n    return call, launch\n")
+        exec(compile(source, "<ctbuild hot path entry>", "exec"), self._namespace)
+        return self._namespace.pop("arm")
+
+
+def _stream_expr(stream: str, device: str, getter: str = "rt._stream_of") -> str:
+    return f"{getter}({device})" if stream == "None" else stream

@@ -1,10 +1,11 @@
 """The hot path: launch a declared kernel warm from the cache.
 
 ``matmul(a, b, c)`` (current torch stream) or ``matmul.launch(stream, a, b, c)`` runs code
-generated for the call's argument kinds (`hot_call`): the entry served last is asked whether
-the call has exactly its layout (`layout_guard`, one C call); if not, one flat key of the call
-(`live_args.key_expression`), inline, looks up an `Entry`; the entry is launched. No
-Workload, no declared key/grid/args function, no cache access, no lock.
+generated for the call's argument kinds (`hot_call`): the functions of the entry served last,
+which ask whether the call has exactly its layout (`layout_guard`, one C call) and launch it;
+if not, one flat key of the call (`live_args.key_expression`), inline, looks up an `Entry`,
+which is launched and serves the next call first. No Workload, no declared key/grid/args
+function, no cache access, no lock.
 
 The key holds per tensor what the kernel's declared functions read of it (`declaration_reads`:
 for most, shape, dtype and contiguity; strides when they read strides), per scalar its type
@@ -30,9 +31,9 @@ import cuda.tile as ct
 from . import provenance
 from .context import RuntimeContext, configure, context, reset, stats
 from .declaration_reads import KEY_LEVELS
-from .entry import Entry, LastEntry
+from .entry import Entry
 from .errors import KernelCallError, reraise_named
-from .hot_call import hot_calls
+from .hot_call import HotPath
 from .layout_guard import MAX_REGUARDS, GuardPlan, guard_plan, make_guard, never, scalars_of
 from .live_args import make_key_fn
 from .miss_policy import CacheMissError, RuntimeConfigError
@@ -42,6 +43,7 @@ from .streams import (
     current_stream_getter,
     current_stream_object,
     refuses_raw_stream,
+    refuses_stream,
     visible_gpus,
     zero_args,
 )
@@ -62,10 +64,6 @@ def _no_key(*args: Any) -> tuple:
     raise KeyError("no key function yet")
 
 
-#: What the hot path asks first before any entry was served: it recognises no call.
-_NO_ENTRY = Entry((), None, (), (), tuple, 0, ())  # type: ignore[arg-type]
-
-
 class KernelRuntime:
     """Launches one declared kernel warm from the cache."""
 
@@ -74,10 +72,9 @@ class KernelRuntime:
         self.ctx = ctx or context()
         self.resolver = Resolver(tuned, self.ctx)
         self._lock = self.resolver.lock
-        self._fast: dict[tuple, Entry]  # the hot-path memo: key -> entry
-        self._last: LastEntry  # the entry the hot path served last
-        self._new_memo()
-        self._guard: GuardPlan | None = None  # how hot-path code guards `_last` (None: no)
+        self._fast: dict[tuple, Entry] = {}  # the hot-path memo: key -> entry
+        self._hot: HotPath | None = None  # the code serving calls of the memo's kinds
+        self._guard: GuardPlan | None = None  # how that code guards entries (None: no)
         self._entries: list[Entry] = []
         self._retired: Counter = Counter()  # provenance totals of rows `_retire` dropped
         self._zero_idx = tuple(tuned.params.index(n) for n in tuned.reset_to_zero)
@@ -85,9 +82,9 @@ class KernelRuntime:
         self._multi_gpu = visible_gpus() != 1
         self._key: Any = _no_key
         self._keys = KEY_LEVELS[0]  # what keys hold: `declaration_reads.KEY_LEVELS`
-        #: ``kernel(*args, **kwargs)`` and ``kernel.launch(stream, ...)`` (the kernel calls
-        #: them directly: `_route`): the slow path until a call is keyed, then code generated
-        #: for the arguments' kinds (`hot_call`).
+        #: ``kernel(*args, **kwargs)`` and ``kernel.launch(stream, ...)`` while no entry
+        #: serves them (the kernel calls those of its current entry directly): the slow path
+        #: until a call is keyed, then code generated for the arguments' kinds (`hot_call`).
         self.call: Callable[..., None] = self._call_first
         self.launch: Callable[..., None] = self._launch_first
 
@@ -102,11 +99,19 @@ class KernelRuntime:
         """``launch`` before any call was keyed: the slow path."""
         self.with_keywords(stream, args, kwargs) if kwargs else self._first_call(stream, args)
 
-    def _route(self, call: Callable[..., None], launch: Callable[..., None]) -> None:
-        """Switch ``call`` and ``launch``, and the kernel's calls with them while this is its
-        runtime (after a context reset the kernel has a new one)."""
-        self.call, self.launch = call, launch
+    def switch(self, entry: Entry, memo: dict) -> None:
+        """Route the kernel's calls to ``entry``'s functions, found in ``memo``.
+
+        No lock: when the memo started over meanwhile (``memo`` is not the runtime's any
+        more), the kernel is routed back to the runtime's functions. `_new_memo` sets those
+        before the new memo and routes to them after it, so whichever route comes last, the
+        kernel never stays with an entry of a dropped memo (which would launch correctly but
+        count its calls nowhere)."""
+        call, launch = entry.call, entry.launch
+        assert call is not None and launch is not None  # only armed entries are switched to
         self.tuned.route(self, call, launch)
+        if self._fast is not memo:
+            self.tuned.route(self, self.call, self.launch)
 
     def with_keywords(self, stream: Any, args: tuple, kwargs: dict) -> None:
         """A call with keyword arguments: bind them to positions, then the hot path."""
@@ -125,29 +130,48 @@ class KernelRuntime:
     def launch_failed(self, exc: Exception, entry: Entry, stream: Any, args: tuple) -> None:
         """A hot-path launch raised: a layout its pinned kernel refuses takes the slow path
         with alignment-holding keys; a cuTile refusing raw stream handles gets torch streams
-        from now on; anything else is raised naming the kernel."""
+        from now on (an entry armed before that switch lands here too); anything else is
+        raised naming the kernel."""
         if type(exc) is LayoutChanged:
             return self._first_call(stream, args, keys="alignment")
-        if self._raw_stream_refused(exc, stream):
+        if stream is None and refuses_stream(exc):
+            self._use_stream_objects()
             return self.launch_entry(entry, stream, args)
         reraise_named(exc, self.tuned)
 
-    def reguard(self, entry: Entry, args: tuple) -> None:
-        """The hot path found ``entry`` by its key after its guard refused the call (same key,
-        other strides of a size-1 dim, say, or another ``inference_mode``): guard it with
-        this call's layout, a few times at most (`layout_guard.MAX_REGUARDS`)."""
+    def reguard(self, entry: Entry, args: tuple, memo: dict) -> None:
+        """The hot path found ``entry`` in ``memo`` by its key after its guard refused the
+        call (same key, other strides of a size-1 dim, say, or another ``inference_mode``):
+        guard it with this call's layout, a few times at most
+        (`layout_guard.MAX_REGUARDS`), and let it serve the next call first again."""
         entry.reguards += 1
         plan = self._guard
         entry.guard = make_guard(args, plan) if plan is not None and \
             entry.reguards <= MAX_REGUARDS else never
+        self._arm(entry)
+        self.switch(entry, memo)
+
+    def _arm(self, entry: Entry) -> None:
+        """Give ``entry`` its own functions where the hot path guards entries."""
+        if self._hot is not None and self._hot.guarded:
+            self._hot.arm(entry, self._stream_of)
 
     def _raw_stream_refused(self, exc: Exception, stream: Any) -> bool:
         """Whether a launch on the current stream failed because cuTile takes no raw stream
         handle; if so, the runtime passes torch stream objects from now on."""
         if stream is None and refuses_raw_stream(exc, self._stream_of):
-            self._stream_of = current_stream_object
+            self._use_stream_objects()
             return True
         return False
+
+    def _use_stream_objects(self) -> None:
+        """Launch on torch stream objects from now on: entries are armed again with them, and
+        the kernel's calls go to the runtime's functions until one is served."""
+        if self._stream_of is not current_stream_object:
+            self._stream_of = current_stream_object
+            for entry in list(self._fast.values()):
+                self._arm(entry)
+            self.tuned.route(self, self.call, self.launch)
 
     def _launch(self, entry: Entry, stream: Any, args: tuple) -> None:
         """The general launch (the hot path's template inlines its common case): zero the
@@ -183,7 +207,8 @@ class KernelRuntime:
         key = self._memo_key(args)
         entry = self._fast.get(key) if key is not None else None
         if entry is not None:  # another thread resolved this layout while we waited
-            self._last.entry = entry
+            if entry.call is not None:
+                self.switch(entry, self._fast)
             return self._launch(entry, stream, args)
         try:
             res = self.resolver.resolve(args, stream=stream)
@@ -210,8 +235,10 @@ class KernelRuntime:
             if self._guard is not None:
                 entry.guard, entry.scalars = make_guard(args, self._guard), \
                     scalars_of(args, self._guard)
+                self._arm(entry)
             self._fast[key] = entry
-            self._last.entry = entry
+            if entry.call is not None:
+                self.switch(entry, self._fast)
         self._entries.append(entry)
 
     def _retire(self) -> None:
@@ -220,13 +247,17 @@ class KernelRuntime:
         self._retired += provenance.totals(self._entries)
         self._retired["rows", "dropped"] += len(self._entries)
         self._entries = []
-        self._new_memo()
+        self._new_memo(self._hot)
 
-    def _new_memo(self) -> None:
-        """The hot-path memo starts over: an empty one, then a new last-entry cell (in this
-        order: `LastEntry`)."""
+    def _new_memo(self, hot: HotPath | None) -> None:
+        """The hot-path memo starts over, its calls served by ``hot`` (None: the slow path
+        until a call is keyed). In this order: the runtime's functions, the empty memo, the
+        kernel's route (`switch` relies on it)."""
+        self._hot = hot
+        self.call, self.launch = (hot.call, hot.launch) if hot is not None else \
+            (self._call_first, self._launch_first)
         self._fast = {}
-        self._last = LastEntry(_NO_ENTRY)
+        self.tuned.route(self, self.call, self.launch)
 
     def _key_at_least(self, keys: str) -> bool:
         """From now on keys hold at least what ``keys`` names; when that is more than they
@@ -234,8 +265,7 @@ class KernelRuntime:
         if KEY_LEVELS.index(keys) <= KEY_LEVELS.index(self._keys):
             return False
         self._keys, self._key, self._guard = keys, _no_key, None
-        self._new_memo()
-        self._route(self._call_first, self._launch_first)
+        self._new_memo(None)
         return True
 
     def _memo_key(self, args: tuple) -> tuple | None:
@@ -252,11 +282,10 @@ class KernelRuntime:
         except Exception:
             return None
         self._key = key_fn
-        self._new_memo()
         # Exact sizes and strides decide more than keys of these levels; the weaker ones
         # (alignment, address) are not guarded.
         self._guard = guard_plan(args) if self._keys in KEY_LEVELS[:2] else None
-        self._route(*hot_calls(self, args, self._multi_gpu, self._keys, self._guard))
+        self._new_memo(HotPath(self, args, self._multi_gpu, self._keys, self._guard))
         return key
 
     # ---- resolution and reports (not on the hot path) ----

@@ -30,8 +30,12 @@ def current_stream_object(device: int) -> Any:
 
 def refuses_raw_stream(exc: Exception, getter: StreamGetter) -> bool:
     """Whether a launch failed because cuTile took no raw stream handle from ``getter``."""
-    return (getter is not current_stream_object and isinstance(exc, TypeError)
-            and "stream" in str(exc).lower())
+    return getter is not current_stream_object and refuses_stream(exc)
+
+
+def refuses_stream(exc: Exception) -> bool:
+    """Whether a launch failed because cuTile refused the stream it was given."""
+    return isinstance(exc, TypeError) and "stream" in str(exc).lower()
 
 
 def torch_stream(stream: Any, device: int) -> Any:
