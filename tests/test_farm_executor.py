@@ -1,6 +1,7 @@
 """The farm as a generic executor (real Ray, real diskcache; compile function from a fixture)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from cache import Store
 from farm import Farm, FarmError, run_jobs
+from farm.cluster import IDLE_DAEMONS, child_processes
 
 FIXTURE = Path(__file__).parent / "fixtures" / "farm_project"
 sys.path.insert(0, str(FIXTURE))
@@ -27,6 +29,14 @@ def test_generic_jobs_failures_isolated_and_never_cached(tmp_path):
               expect={"toolchain": "tc1"}) as farm:
         seen = []
         result = farm.run(jobs, on_record=seen.append)
+        # the embedded Ray's daemons that a build needs nothing from run on idle CPU only;
+        # the GCS and the raylet, which scheduling waits on, keep their priority
+        children = child_processes(os.getpid())
+        for daemon in IDLE_DAEMONS:
+            assert [os.sched_getscheduler(p) for p, cmd in children if daemon in cmd] == \
+                [os.SCHED_IDLE], (daemon, children)
+        core = [p for p, cmd in children if "gcs_server" in cmd or "raylet/raylet" in cmd]
+        assert len(core) == 2 and all(os.sched_getscheduler(p) == os.SCHED_OTHER for p in core)
     assert result.workers == 2 and len(result.records) == 20 and len(seen) == 20
     assert result.fatal is None
     steps = result.startup_steps  # where the start-up went: Ray, then workers, then warm
