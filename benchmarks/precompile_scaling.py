@@ -33,6 +33,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -137,6 +138,12 @@ def measure(config: str, archs: str | None, n: int, tmp: Path) -> dict:
     }
 
 
+def _median_row(runs: list[dict]) -> dict:
+    """Per figure, the median over repeated runs of one worker count."""
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["pool-build"]:
@@ -155,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", help="override the config's archs, e.g. sm_90,sm_100")
     p.add_argument("--workers", default=str(os.cpu_count() or 1),
                    help="comma-separated worker counts, e.g. 2,16,64 (default: all cores)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure each worker count this many times (pool, farm, pool, farm...) "
+                        "and add a median row: on a noisy machine one pair's ratios are as wide "
+                        "as the targets' margins")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     args = p.parse_args(argv)
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
@@ -162,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.getloadavg()[0]:.2f}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        for n in counts:
+        for n in [n for n in counts for _ in range(max(1, args.repeat))]:
             r = measure(args.config, args.arch, n, Path(tmp))
             results.append(r)
             lj = r["farm_longest"]
@@ -178,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{'pool run s':>10} {'farm run s':>10} {'run ratio':>9} {'thr ratio':>9} "
           f"{'start-up s':>10} "
           f"{'floor s':>8} {'run/floor':>9} {'e2e/floor':>9}")
-    for r in results:
+    rows = list(results)
+    if args.repeat > 1:
+        rows += [_median_row([r for r in results if r["workers"] == n]) for n in counts]
+    for r in rows:
         print(f"{r['workers']:>7} {r['pool_e2e_s']:>10.2f} {r['farm_e2e_s']:>10.2f} "
               f"{r['e2e_farm_vs_pool']:>8.2f}x {r['pool_run_s']:>10.2f} {r['farm_run_s']:>10.2f} "
               f"{r['run_farm_vs_pool']:>8.2f}x {r['throughput_farm_vs_pool']:>8.2f}x "
@@ -186,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['farm_floor_s']:>8.2f} {r['farm_run_vs_floor']:>9.2f} "
               f"{r['farm_e2e_vs_floor']:>9.2f}")
     print("ratios: pool seconds / farm seconds (>= 1: the farm is faster); floor: "
-          "max(sum of the farm's compile seconds / workers, longest job)")
+          "max(sum of the farm's compile seconds / workers, longest job)"
+          + ("; the last row per worker count: medians" if args.repeat > 1 else ""))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
         print(json.dumps({"config": args.config, "cores": os.cpu_count(), "results": results},
