@@ -99,6 +99,9 @@ def _timed(argv: list[str]) -> tuple[float, subprocess.CompletedProcess]:
 
 
 def measure(config: str, archs: str | None, n: int, tmp: Path) -> dict:
+    """One pool build and one farm build of ``n`` workers, each into a fresh cache under
+    ``tmp``."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"x{n}-", dir=tmp))
     arch_args = ["--arch", archs] if archs else []
     pool_e2e, proc = _timed([sys.executable, __file__, "pool-build", "--config", config,
                              *arch_args, "--workers", str(n), "--cache", str(tmp / f"pool{n}")])
