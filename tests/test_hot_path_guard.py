@@ -101,6 +101,40 @@ def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple]) -> No
         assert grid == want_grid and kernel is want_kernel
 
 
+def test_threads_alternating_layouts_each_launch_their_own(stub_gpu: list[tuple]) -> None:
+    """Four threads call one kernel with four layouts in turn, so the kernel is routed from
+    entry to entry under them all the time: every launch still carries the grid and pinned
+    kernel that resolving its own arguments gives, and every launch is counted."""
+    import threading
+    launches = stub_gpu
+    tuned = KERNELS["matmul"]
+    rt = tuned.runtime
+    w0, w1 = tuned.workloads[:2]
+    x0, x1 = host_tensors(w0), host_tensors(w1)
+    layouts = [x0, x1, tuple(t.to(torch.bfloat16) for t in x0), (x0[0], x0[1].t(), x0[2])]
+    expected = {}
+    for args in layouts:
+        tuned(*args)
+        res = rt.resolve(args, dry=True)
+        expected[id(args[0]), id(args[1])] = (res.grid, rt.resolver.pinned_kernel(
+            res.config, res.signature))
+    del launches[:]
+
+    def hammer(offset: int) -> None:
+        for n in range(300):
+            tuned(*layouts[(n + offset) % len(layouts)])
+
+    threads = [threading.Thread(target=hammer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(launches) == 1200
+    for _, grid, kernel, args in launches:
+        assert (grid, kernel) == expected[id(args[0]), id(args[1])]
+    assert rt.provenance()["launches"] == 1200 + len(layouts)
+
+
 def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The first call outside ``inference_mode`` and the rest inside: the key finds the entry
