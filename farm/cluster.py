@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .reaper import process_table
 from .records import FarmError
 
 #: Files never shipped to cluster workers.
@@ -146,22 +147,19 @@ def yield_idle_daemons(driver: int) -> list[int]:
 
 def child_processes(parent: int) -> list[tuple[int, str]]:
     """(pid, command line) of ``parent``'s child processes, from ``/proc`` (none elsewhere)."""
-    out: list[tuple[int, str]] = []
     try:
-        names = os.listdir("/proc")
+        table = process_table()
     except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
+        return []
+    out = []
+    for pid, (ppid, _) in table.items():
+        if ppid != parent:
             continue
         try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-            if int(stat[stat.rindex(")") + 2:].split()[1]) != parent:
-                continue
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, ValueError, IndexError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
             continue
-        out.append((int(name), cmdline.decode(errors="replace")))
+        out.append((pid, cmdline.decode(errors="replace")))
     return out
 
 

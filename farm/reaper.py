@@ -37,7 +37,8 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[19])
 
 
-def _table() -> dict[int, tuple[int, int]]:
+def process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, start time) of every process, from ``/proc`` (OSError elsewhere)."""
     table = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (st := _stat(int(name))) is not None:
@@ -55,13 +56,13 @@ def _descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]
 
 
 def watch(driver: int, pipe: int) -> None:
-    before = set(_table()) | {os.getpid()}  # what existed already is not the farm's
+    before = set(process_table()) | {os.getpid()}  # what existed already is not the farm's
     watched: dict[int, int] = {}
     started = time.monotonic()
     while True:
         early = time.monotonic() - started < STARTUP_SECONDS
         ready, _, _ = select.select([pipe], [], [], SCAN_SECONDS if early else LATER_SCAN_SECONDS)
-        table = _table()
+        table = process_table()
         for pid in _descendants({driver, *watched}, table) - before:
             watched.setdefault(pid, table[pid][1])
         if ready:
@@ -70,7 +71,7 @@ def watch(driver: int, pipe: int) -> None:
                 return
             break
     for _ in range(3):  # kill, then catch anything spawned meanwhile
-        table = _table()
+        table = process_table()
         for pid in _descendants(set(watched), table) - before:
             watched.setdefault(pid, table[pid][1])
         for pid, start in watched.items():
