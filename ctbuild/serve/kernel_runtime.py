@@ -42,7 +42,6 @@ from .served_kernel import LayoutChanged, ServedKernel
 from .streams import (
     current_stream_getter,
     current_stream_object,
-    refuses_raw_stream,
     refuses_stream,
     visible_gpus,
     zero_args,
@@ -159,19 +158,19 @@ class KernelRuntime:
     def _raw_stream_refused(self, exc: Exception, stream: Any) -> bool:
         """Whether a launch on the current stream failed because cuTile takes no raw stream
         handle; if so, the runtime passes torch stream objects from now on."""
-        if stream is None and refuses_raw_stream(exc, self._stream_of):
-            self._use_stream_objects()
-            return True
-        return False
+        return stream is None and refuses_stream(exc) and self._use_stream_objects()
 
-    def _use_stream_objects(self) -> None:
+    def _use_stream_objects(self) -> bool:
         """Launch on torch stream objects from now on: entries are armed again with them, and
-        the kernel's calls go to the runtime's functions until one is served."""
-        if self._stream_of is not current_stream_object:
-            self._stream_of = current_stream_object
-            for entry in list(self._fast.values()):
-                self._arm(entry)
-            self.tuned.route(self, self.call, self.launch)
+        the kernel's calls go to the runtime's functions until one is served. False when it
+        already did (nothing changes)."""
+        if self._stream_of is current_stream_object:
+            return False
+        self._stream_of = current_stream_object
+        for entry in list(self._fast.values()):
+            self._arm(entry)
+        self.tuned.route(self, self.call, self.launch)
+        return True
 
     def _launch(self, entry: Entry, stream: Any, args: tuple) -> None:
         """The general launch (the hot path's template inlines its common case): zero the

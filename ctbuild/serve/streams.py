@@ -2,7 +2,7 @@
 
 ``kernel(...)`` launches on the current torch stream of the arguments' device; the fastest way
 to it is torch's raw handle getter (an int, which ``ct.launch`` takes). A cuTile that refuses a
-raw handle makes the runtime switch to torch stream objects, once (`refuses_raw_stream`).
+raw handle makes the runtime switch to torch stream objects, once (`refuses_stream`).
 ``kernel.launch(stream, ...)`` takes a torch stream, an external stream object or a raw handle.
 """
 from __future__ import annotations
@@ -26,11 +26,6 @@ def current_stream_getter() -> StreamGetter:
 def current_stream_object(device: int) -> Any:
     import torch
     return torch.cuda.current_stream(device)
-
-
-def refuses_raw_stream(exc: Exception, getter: StreamGetter) -> bool:
-    """Whether a launch failed because cuTile took no raw stream handle from ``getter``."""
-    return getter is not current_stream_object and refuses_stream(exc)
 
 
 def refuses_stream(exc: Exception) -> bool:
