@@ -4,7 +4,8 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 CACHE ?= .ctbuild-cache
 
-$(STAMP): pyproject.toml
+# setup.py and the C source: the editable install builds the C module into the source tree.
+$(STAMP): pyproject.toml setup.py ctbuild/serve/_fast_path.c
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[test]' --config-settings editable_mode=compat

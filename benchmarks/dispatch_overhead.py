@@ -124,8 +124,9 @@ def launchers(tuned, a, b=None
     }
     entry = rt._fast[rt._key(*a)]
     if rt._guard is not None:
-        tensors = tuple(a[i] for i in rt._guard[0])
-        parts["guard"] = lambda: entry.guard(*tensors)
+        # The C guard takes every argument; torch's guards the tensors only.
+        checked = a if not entry.scalars else tuple(a[i] for i in rt._guard[0])
+        parts["guard"] = lambda: entry.guard(*checked)
         parts["host_path"] = _host_path(tuned, entry, a)
     return variants, parts
 
@@ -146,6 +147,7 @@ def _host_path(tuned, entry, a: tuple) -> Callable[[], object]:
     finally:
         ct.launch = real
     clone = copy.copy(entry)
+    clone.armed = []  # its launches are not the entry's
     hot.arm(clone, rt._stream_of)
     return lambda: clone.call(*a)
 
@@ -183,11 +185,10 @@ def main() -> int:
     runtime.configure(cache_dir=args.cache, mode="strict")
     out = {"device": torch.cuda.get_device_name(), "calls": args.calls, "rounds": args.rounds,
            "cpu": pin_cpu(args.cpu), "kernels": {}}
-    from ctbuild.serve.layout_guard import available
-    out["layout_guard"] = available()
+    from ctbuild.serve.layout_guard import kind
+    out["layout_guard"] = kind()
     print(f"dispatch overhead on {out['device']} ({args.rounds} rounds x {args.calls} calls, "
-          f"median us per call; layout guard {'on' if out['layout_guard'] else 'unavailable'}; "
-          f"{out['cpu']})")
+          f"median us per call; layout guard: {out['layout_guard']}; {out['cpu']})")
     print(f"{'kernel':14} {'raw':>7} {'call':>7} {'launch':>7} {'call-raw':>9} {'launch-raw':>11}"
           f" {'call/raw':>9} {'key+dict':>9} {'stream':>7} {'guard':>6} {'host':>6}"
           f" {'raw(int)':>9} {'raw(new)':>9}"

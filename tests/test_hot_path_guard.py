@@ -43,24 +43,74 @@ def _warm(name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, tuple, 
     return tuned, rt, args, slow, lookups
 
 
-def test_guards_tell_exact_layouts_apart() -> None:
+@pytest.fixture(params=["C", "torch"])
+def guard_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each test runs with the C guard (where it is built) and with torch's guards."""
+    monkeypatch.setenv("CTBUILD_NATIVE_GUARD", "1" if request.param == "C" else "0")
+    layout_guard.native_guard.cache_clear()
+    if layout_guard.kind() != request.param:
+        pytest.skip(f"the {request.param} guard is not available here")
+    yield request.param
+    layout_guard.native_guard.cache_clear()
+
+
+@pytest.fixture
+def torch_guards(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """torch's guards, whether or not the C guard is built."""
+    monkeypatch.setenv("CTBUILD_NATIVE_GUARD", "0")
+    layout_guard.native_guard.cache_clear()
+    yield
+    layout_guard.native_guard.cache_clear()
+
+
+def test_the_c_guard_is_built_where_a_c_compiler_is() -> None:
+    """`pip install` builds the C guard wherever a C compiler and Python's headers are (as on
+    this machine): a broken build must not pass unnoticed as the slower fallback."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+    if not shutil.which("cc") or not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("no C compiler or no Python headers here")
+    assert layout_guard.native_guard() is not None, "the C guard was not built: pip install -e ."
+
+
+def test_guards_tell_exact_layouts_apart(guard_kind: str) -> None:
     assert layout_guard.available()
     x = torch.zeros(4, 8, dtype=torch.float16)
     plan = guard_plan((x, 1e-6, None, True))
     assert plan == ((0,), (1, 2, 3))
     assert guard_plan((x, (1, 2))) is None and guard_plan((1.0, 2)) is None
-    guard = make_guard((x,), ((0,), ()))
-    assert guard(x) and guard(torch.ones(4, 8, dtype=torch.float16))
-    for other in (torch.zeros(4, 9, dtype=torch.float16), torch.zeros(4, 8),
-                  torch.zeros(8, 4, dtype=torch.float16).t(),
-                  torch.zeros(4, 16, dtype=torch.float16)[:, :8],
-                  torch.zeros(4, 8, dtype=torch.float16, requires_grad=True)):
+    guard, scalars = make_guard((x,), ((0,), ()))
+    assert scalars == () and guard(x) and guard(torch.ones(4, 8, dtype=torch.float16))
+    others = [torch.zeros(4, 9, dtype=torch.float16), torch.zeros(4, 8),
+              torch.zeros(8, 4, dtype=torch.float16).t(),
+              torch.zeros(4, 16, dtype=torch.float16)[:, :8], torch.zeros(1, 4, 8)]
+    if guard_kind == "torch":  # torch's guards also check autograd; the key does not
+        others.append(torch.zeros(4, 8, dtype=torch.float16, requires_grad=True))
+    for other in others:
         assert not guard(other)
     assert not never(x)
+    guard, scalars = make_guard((x, 1e-6), ((0,), (1,)))
+    if guard_kind == "C":  # one call checks the scalar too
+        assert scalars == () and guard(x, 1e-6)
+        assert not any(guard(x, eps) for eps in (1e-5, 1, True, None))
+        assert not guard(x) and not guard(x, 1e-6, 1e-6) and not guard(1e-6, x)
+    else:  # the tensors only; the hot path compares (type, value)
+        assert scalars == (float, 1e-6) and guard(x)
+
+
+def test_the_c_guard_takes_what_it_cannot_describe_as_another_layout(guard_kind: str) -> None:
+    """A tensor DLPack cannot describe (on the meta device) gets torch's guards, and a call
+    with one is refused, not raised."""
+    x = torch.zeros(4, 8)
+    guard, _ = make_guard((x,), ((0,), ()))
+    assert not guard(torch.zeros(4, 8, device="meta"))
+    meta_guard, _ = make_guard((torch.zeros(4, 8, device="meta"),), ((0,), ()))
+    assert meta_guard is not never and type(meta_guard) is not layout_guard.native_guard()
 
 
 def test_a_repeated_layout_skips_the_key_lookup(stub_gpu: list[tuple],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                monkeypatch: pytest.MonkeyPatch, guard_kind: str) -> None:
     launches = stub_gpu
     tuned, rt, args, slow, lookups = _warm("rmsnorm", monkeypatch)
     for seed in range(3):  # new tensors, the same layout
@@ -76,7 +126,7 @@ def test_a_repeated_layout_skips_the_key_lookup(stub_gpu: list[tuple],
     assert rt.provenance()["launches"] == 8
 
 
-def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple]) -> None:
+def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple], guard_kind: str) -> None:
     """Shapes, dtypes and strides that differ from the last call's are each launched with
     what resolving them says: their own grid and their own pinned served kernel."""
     launches = stub_gpu
@@ -101,7 +151,7 @@ def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple]) -> No
         assert grid == want_grid and kernel is want_kernel
 
 
-def test_threads_alternating_layouts_each_launch_their_own(stub_gpu: list[tuple]) -> None:
+def test_threads_alternating_layouts_each_launch_their_own(stub_gpu: list[tuple], guard_kind: str) -> None:
     """Four threads call one kernel with four layouts in turn, so the kernel is routed from
     entry to entry under them all the time: every launch still carries the grid and pinned
     kernel that resolving its own arguments gives, and every launch is counted."""
@@ -136,10 +186,12 @@ def test_threads_alternating_layouts_each_launch_their_own(stub_gpu: list[tuple]
 
 
 def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first call outside ``inference_mode`` and the rest inside: the key finds the entry
-    its guard refused, the guard is rebuilt once and serves from then on; calls alternating
-    between the two modes drop the guard after `MAX_REGUARDS` rebuilds."""
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     torch_guards: None) -> None:
+    """torch's guards (they check dispatch keys): the first call outside ``inference_mode``
+    and the rest inside: the key finds the entry its guard refused, the guard is rebuilt once
+    and serves from then on; calls alternating between the two modes drop the guard after
+    `MAX_REGUARDS` rebuilds."""
     launches = stub_gpu
     tuned, rt, args, slow, lookups = _warm("silu_mul", monkeypatch)
     with torch.inference_mode():
@@ -154,6 +206,22 @@ def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
     assert entry.guard is never and entry.reguards == MAX_REGUARDS + 1
     assert len(slow) == 1 and len(launches) == 6 + 2 * MAX_REGUARDS
     assert rt.provenance()["launches"] == len(launches)
+
+
+def test_the_c_guard_serves_inference_mode_calls_without_rebuilding(
+        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C guard checks layouts only: calls inside and outside ``inference_mode`` are one
+    entry's own, with no key lookup and no rebuilt guard."""
+    if layout_guard.kind() != "C":
+        pytest.skip("the C guard is not built here")
+    tuned, rt, args, slow, lookups = _warm("silu_mul", monkeypatch)
+    for _ in range(3):
+        tuned(*args)
+        with torch.inference_mode():
+            tuned(*args)
+    entry = dict.get(rt._fast, rt._key(*args))
+    assert lookups == [] and entry.reguards == 0 and tuned._call is entry.call
+    assert entry.launches() == 7 and len(stub_gpu) == 7 and len(slow) == 1
 
 
 def test_a_call_racing_a_memo_reset_leaves_no_stale_last_entry(
@@ -182,7 +250,7 @@ def test_a_call_racing_a_memo_reset_leaves_no_stale_last_entry(
 
 def test_an_entry_serves_its_layout_with_its_own_constants(stub_gpu: list[tuple],
                                                           monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+                                                          , guard_kind: str) -> None:
     """Once served, a layout's calls go to its entry's own functions (by call and by
     ``launch``); a scalar of another type leaves them for the key and another entry."""
     launches = stub_gpu
@@ -191,37 +259,39 @@ def test_an_entry_serves_its_layout_with_its_own_constants(stub_gpu: list[tuple]
     assert tuned._call is entry.call and tuned._launch is entry.launch
     tuned(*args)
     tuned.launch(7, *args)
-    assert lookups == [] and launches[-1][0] == 7 and entry.calls == 3
+    assert lookups == [] and launches[-1][0] == 7 and entry.launches() == 3
     tuned(args[0], args[1], args[2], 1)  # an int eps: another key, another entry
     assert len(slow) == 2 and tuned._call is not entry.call
     tuned(*args)  # keyed once, then served by its entry again
     tuned(*args)
-    assert tuned._call is entry.call and entry.calls == 5 and len(lookups) == 2
+    assert tuned._call is entry.call and entry.launches() == 5 and len(lookups) == 2
     assert [type(la[3][3]) for la in launches] == [float] * 3 + [int] + [float] * 2
 
 
 def test_a_cutile_refusing_raw_stream_handles_gets_stream_objects(
-        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch, guard_kind: str) -> None:
     """An entry armed with the raw stream getter that cuTile then refuses: the runtime
     switches to stream objects once, re-arms its entries, and no later call is refused."""
     import ctbuild.serve.kernel_runtime as rtmod
-    launches, refused = stub_gpu, []
-    tuned, rt, args, slow, _ = _warm("silu_mul", monkeypatch)
+    launches, refused, refusing = stub_gpu, [], []
 
     def launch(stream: Any, *rest: Any) -> None:
-        if isinstance(stream, int):
+        if refusing and isinstance(stream, int):
             refused.append(stream)
             raise TypeError("launch() expected a stream object")
         launches.append((stream, *rest))
 
+    # Launched with from the first call on (the hot path's code keeps what it was made with).
     monkeypatch.setattr(rtmod.ct, "launch", launch)
     monkeypatch.setattr(rtmod, "current_stream_object", lambda device: "stream object")
-    rt._hot._namespace["ct_launch"] = launch  # what the generated code launches with
+    tuned, rt, args, slow, _ = _warm("silu_mul", monkeypatch)
+    tuned(*args)  # served by the entry's own code, on the raw handle
+    refusing.append(True)  # ... which cuTile now refuses
     for _ in range(4):
         tuned(*args)
     assert len(refused) == 1 and len(slow) == 1
-    assert [la[0] for la in launches[1:]] == ["stream object"] * 4
-    assert rt.provenance()["launches"] == 5
+    assert [la[0] for la in launches] == [0, 0] + ["stream object"] * 4
+    assert rt.provenance()["launches"] == 6
 
 
 @ct.kernel

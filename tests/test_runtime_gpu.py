@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,36 @@ def test_reset_to_zero_and_explicit_stream(cache_copy: Path) -> None:
     rt_test_accumulate.launch(side, x, OUT=out2)
     side.synchronize()
     torch.testing.assert_close(out2, x)
+
+
+def test_a_served_call_launches_on_the_current_stream(warm_cache: Path) -> None:
+    """Once an entry serves its layout by its own code (C or Python), a call inside
+    ``torch.cuda.stream(side)`` runs on ``side``: queued behind a sleep there, its output not
+    yet written when the default stream is done; a torch copy checks the method."""
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    silu = KERNELS["silu_mul"]
+    (x, y, out), expected = gpu_case(silu, 0)
+    for _ in range(3):
+        silu(x, y, out)
+    torch.cuda.synchronize()
+
+    def queued_behind_a_sleep(launch: Callable[[], object]) -> bool:
+        out.zero_()
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)  # about 0.1 s on the side stream
+            launch()
+        torch.cuda.default_stream().synchronize()
+        queued = not side.query() and out.float().abs().sum().item() == 0
+        side.synchronize()
+        return queued
+
+    assert queued_behind_a_sleep(lambda: out.copy_(x))
+    assert queued_behind_a_sleep(lambda: silu(x, y, out))
+    check("silu_mul", (x, y, out), expected)
+    assert queued_behind_a_sleep(lambda: silu.launch(torch.cuda.current_stream(), x, y, out))
+    assert silu.runtime.provenance()["launches"] == 5
 
 
 def test_hot_path_reuses_the_entry(warm_cache: Path) -> None:

@@ -14,9 +14,10 @@ class Entry:
     device, the ``reset_to_zero`` positions, a launch count, what resolved it (``info``,
     filled after its first launch, for provenance) and, where the runtime guards its calls,
     the guard and scalars that recognise a call of exactly its first call's layout
-    (`layout_guard`) and its own ``call`` and ``launch`` (`hot_call.HotPath.arm`)."""
+    (`layout_guard`) and its own ``call`` and ``launch`` (`hot_call.HotPath.arm`), with the
+    C objects among them that count their own launches (``armed``)."""
     __slots__ = ("grid", "kernel", "tail", "hot_tail", "recipe", "rebuild", "device", "zero",
-                 "calls", "info", "guard", "scalars", "reguards", "call", "launch")
+                 "calls", "info", "guard", "scalars", "reguards", "call", "launch", "armed")
 
     def __init__(self, grid: tuple[int, ...], kernel: ServedKernel, call_args: tuple,
                  kernel_args: tuple, rebuild: Callable[[tuple], tuple], device: int,
@@ -33,6 +34,12 @@ class Entry:
         self.reguards = 0
         self.call: Callable[..., None] | None = None
         self.launch: Callable[..., None] | None = None
+        self.armed: list[Any] = []
+
+    def launches(self) -> int:
+        """Launches of this entry: counted in Python, and by each C call object it had (one
+        keeps counting calls in flight while it is replaced, so none is folded away)."""
+        return self.calls + sum(a.calls for a in self.armed)
 
     def build(self, args: tuple) -> tuple:
         """The kernel arguments of a call with these call arguments."""

@@ -1,5 +1,9 @@
 """The hot path's code, generated per argument kinds (as a JIT's launcher is per signature).
 
+Where the C module is built (`_fast_path`, see `layout_guard`), a guarded entry's own code is
+a C object doing what ``_ARMED`` below does: a warm call then runs no Python frame of ours at
+all, about half the host cost of the Python code. Everything else is Python:
+
 A warm call costs one frame here. Where the kinds of arguments allow a layout guard
 (`layout_guard`), the kernel's calls go straight to the functions of the entry it served last
 (`HotPath.arm`): its guard, grid, served kernel, constant tail, device and scalar values are
@@ -23,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import cuda.tile as ct
 
-from .layout_guard import GuardPlan, never
+from .layout_guard import GuardPlan, native_call, native_guard, never
 from .live_args import key_expression
+from .streams import raw_stream_getter
 
 if TYPE_CHECKING:
     from .entry import Entry
@@ -120,7 +125,7 @@ class HotPath:
         params, key, namespace = key_expression(args, with_device, level)
         namespace.update(rt=rt, ct_launch=ct.launch, never=never)
         self._namespace, self._plan = namespace, guard
-        self._factories: dict[tuple[str, bool], Callable[..., Calls]] = {}
+        self._factories: dict[tuple[str, bool, bool], Callable[..., Calls]] = {}
         template = _KEYED if guard is None else _SWITCH
         source = "".join(template.format(kind=kind, stream_param=param, stream=stream,
                                          stream_arg=arg, params=params, key=key,
@@ -137,20 +142,42 @@ class HotPath:
     def arm(self, entry: Entry, stream_of: Callable[[int], Any]) -> None:
         """Give ``entry`` its own ``call`` and ``launch`` (guarded plans only): its guard and
         scalar values decide whether a call is its own, then it launches with its constants
-        on the stream ``stream_of(device)`` gives."""
+        on the stream ``stream_of(device)`` gives. Where the C guard checks the whole call,
+        they are C objects (`_fast_path.ArmedCall`, the same steps as ``_ARMED``)."""
         assert self._plan is not None
+        if entry.hot_tail is not None and not entry.scalars and native_call() is not None \
+                and type(entry.guard) is native_guard() and self._arm_native(entry, stream_of):
+            return
         tail = entry.hot_tail
-        shape = "runtime" if tail is None else "tail"
-        make = self._factories.get((shape, bool(tail)))
+        form = ("runtime" if tail is None else "tail", bool(tail), bool(entry.scalars))
+        make = self._factories.get(form)
         if make is None:
-            make = self._factories[shape, bool(tail)] = self._factory(shape, bool(tail))
+            make = self._factories[form] = self._factory(*form)
         entry.call, entry.launch = make(entry, entry.guard, entry.grid, entry.kernel, tail,
                                         entry.device, stream_of, *entry.scalars)
 
-    def _factory(self, shape: str, with_tail: bool) -> Callable[..., Calls]:
+    def _arm_native(self, entry: Entry, stream_of: Callable[[int], Any]) -> bool:
+        """Arm ``entry`` with C call objects; False where they cannot be made for it."""
+        ns, armed = self._namespace, native_call()
+        # torch's raw getter is what the exchange table's current stream gives, minus a call.
+        getter = None if stream_of is raw_stream_getter() else stream_of
+        try:
+            call, launch = (armed(
+                entry, entry.guard, entry.grid, entry.kernel, entry.hot_tail, entry.device,
+                getter, ns["ct_launch"], ns[f"switch_{kind}"], ns["rt"].with_keywords,
+                ns["rt"].launch_failed, kind == "launch") for kind in ("call", "launch"))
+        except (TypeError, ValueError, OverflowError):  # a device it cannot take: Python code
+            return False
+        entry.call, entry.launch = call, launch
+        entry.armed += (call, launch)
+        return True
+
+    def _factory(self, shape: str, with_tail: bool, own_scalars: bool) -> Callable[..., Calls]:
+        """The code of entries of one form: ``own_scalars`` where the guard checks the
+        tensors only and the scalars are compared here (`layout_guard.make_guard`)."""
         tensors, scalars = self._plan or ((), ())
         n = len(tensors) + len(scalars)
-        if scalars:
+        if own_scalars:
             unpack = f"[{', '.join(f'a{i}' for i in range(n))}] = args\n            "
             test = f"guard({', '.join(f'a{i}' for i in tensors)})" + "".join(
                 f" and type(a{i}) is t{i} and a{i} == v{i}" for i in scalars)
@@ -162,7 +189,7 @@ class HotPath:
                 stream=stream, stream_expr=_stream_expr(stream, "device", "stream_of"),
                 plus_tail=" + tail" if with_tail else ""))
             for kind, param, stream, arg in _KINDS)
-        consts = "".join(f", t{i}, v{i}" for i in scalars)
+        consts = "".join(f", t{i}, v{i}" for i in scalars) if own_scalars else ""
         source = (f"def arm(entry, guard, grid, kernel, tail, device, stream_of{consts}):\n"
                   f"{body}\n    return call, launch\n")
         exec(compile(source, "<ctbuild hot path entry>", "exec"), self._namespace)

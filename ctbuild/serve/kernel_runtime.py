@@ -34,7 +34,7 @@ from .declaration_reads import KEY_LEVELS
 from .entry import Entry
 from .errors import KernelCallError, reraise_named
 from .hot_call import HotPath
-from .layout_guard import MAX_REGUARDS, GuardPlan, guard_plan, make_guard, never, scalars_of
+from .layout_guard import MAX_REGUARDS, GuardPlan, guard_plan, make_guard, never
 from .live_args import make_key_fn
 from .miss_policy import CacheMissError, RuntimeConfigError
 from .resolve import Resolved, Resolver, explanation
@@ -145,8 +145,8 @@ class KernelRuntime:
         (`layout_guard.MAX_REGUARDS`), and let it serve the next call first again."""
         entry.reguards += 1
         plan = self._guard
-        entry.guard = make_guard(args, plan) if plan is not None and \
-            entry.reguards <= MAX_REGUARDS else never
+        entry.guard, entry.scalars = make_guard(args, plan) if plan is not None and \
+            entry.reguards <= MAX_REGUARDS else (never, ())
         self._arm(entry)
         self.switch(entry, memo)
 
@@ -232,8 +232,7 @@ class KernelRuntime:
             if len(self._fast) >= MAX_FAST_ENTRIES:
                 self._retire()
             if self._guard is not None:
-                entry.guard, entry.scalars = make_guard(args, self._guard), \
-                    scalars_of(args, self._guard)
+                entry.guard, entry.scalars = make_guard(args, self._guard)
                 self._arm(entry)
             self._fast[key] = entry
             if entry.call is not None:

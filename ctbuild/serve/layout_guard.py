@@ -7,16 +7,25 @@ of a model calls its norm with one shape), so the hot path first asks the entry 
 whether this call is one of its own, the way a JIT's inline cache does, and looks the key up
 only when it is not.
 
-The question is answered by torch's own C++ tensor guards (what ``torch.compile`` checks its
-graphs with): every tensor's exact type, dtype, device, sizes, strides, ``requires_grad`` and
-dispatch keys in one call. Exact sizes and strides decide more than any key level this guard
-is used with (`declaration_reads.KEY_LEVELS` ``contiguity`` and ``layout``), so a guard hit
-means the key lookup would have found the same entry. Scalars are compared in Python. The
-guards are a torch internal: they are checked once per process (`available`) and, where they
-are missing or answer wrongly, the hot path simply keeps looking keys up.
+Two guards answer the question, each checked once per process before it is trusted:
+
+- ``_fast_path`` (C, built with the package where a C compiler is found): every tensor's
+  exact type, device, dtype, sizes and strides, read through torch's DLPack C exchange API,
+  and every scalar's exact type and value, in one call over all the arguments. It needs no
+  torch headers, so one build serves any torch that exports that API (2.11 and later);
+  ``CTBUILD_NATIVE_GUARD=0`` turns it off.
+- torch's own C++ tensor guards (what ``torch.compile`` checks its graphs with) otherwise:
+  every tensor's exact type, dtype, device, sizes, strides, ``requires_grad`` and dispatch
+  keys; scalars are then compared in Python. About 0.1 us more per call of three tensors.
+
+Exact sizes and strides decide more than any key level a guard is used with
+(`declaration_reads.KEY_LEVELS` ``contiguity`` and ``layout``), so a guard hit means the key
+lookup would have found the same entry. Where neither guard is available or answers wrongly,
+the hot path simply keeps looking keys up.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -35,19 +44,81 @@ def never(*args: Any) -> bool:
     return False
 
 
+#: A call's guard and the scalars the hot path compares itself: ``(guard, ())`` where the
+#: guard checks every argument, ``(guard, (type, value, ...))`` where it checks tensors only.
+Guard = tuple[Callable[..., bool], tuple]
+
+
 @cache
 def available() -> bool:
-    """Whether torch's tensor guards exist here and tell layouts apart as this module needs."""
+    """Whether a guard exists here and tells layouts apart as this module needs."""
+    return native_guard() is not None or _torch_guards() is not None
+
+
+@cache
+def native_guard() -> Any:
+    """The C guard's type (`_fast_path.LayoutCheck`), where it was built, is not turned off
+    and passes the self-test; else None."""
+    if os.environ.get("CTBUILD_NATIVE_GUARD", "1") == "0":
+        return None
+    try:
+        from ._fast_path import LayoutCheck
+    except ImportError:
+        return None
+
+    ok = _passes_self_test(lambda probe: LayoutCheck(probe, (0,), ())) and \
+        _scalars_told_apart(LayoutCheck)
+    return LayoutCheck if ok else None
+
+
+def native_call() -> Any:
+    """The C type of an entry's own call code (`_fast_path.ArmedCall`), where the C guard is
+    used; else None."""
+    if native_guard() is None:
+        return None
+    from ._fast_path import ArmedCall
+    return ArmedCall
+
+
+@cache
+def _torch_guards() -> Any:
+    """torch's tensor guards, where they exist and pass the self-test."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except Exception:  # noqa: BLE001 - any failure means: no guards
+        return None
+    return TensorGuards if _passes_self_test(lambda probe: _guard_of(probe, TensorGuards)) \
+        else None
+
+
+def _passes_self_test(make: Callable[[tuple], Callable[..., bool]]) -> bool:
+    """Whether ``make((t,))`` takes a tensor of t's layout and refuses every other layout."""
     try:
         import torch
-        from torch._C._dynamo.guards import TensorGuards
-        t = torch.empty(2, 3)
-        check = _guard_of((t,), TensorGuards)
-        return check(t) and check(torch.empty(2, 3)) and not any(check(o) for o in (
+        check = make((torch.empty(2, 3),))
+        return check(torch.empty(2, 3)) and not any(check(o) for o in (
             torch.empty(3, 2), torch.empty(2, 3).as_strided((2, 3), (1, 2)),
             torch.empty(2, 3, dtype=torch.float64), torch.empty(2, 4)[:, :3]))
-    except Exception:  # noqa: BLE001 - any failure means: no guards, keys only
+    except Exception:  # noqa: BLE001 - any failure means: not this guard
         return False
+
+
+def _scalars_told_apart(check_type: Any) -> bool:
+    """Whether the C guard over a tensor and a scalar refuses another value or type of scalar
+    and another number of arguments."""
+    try:
+        import torch
+        t = torch.empty(2)
+        check = check_type((t, 2), (0,), (1,))
+        return check(t, 2) and not any(check(t, o) for o in (3, 2.0, True)) and \
+            not check(t) and not check(t, 2, 2)
+    except Exception:  # noqa: BLE001 - any failure means: not this guard
+        return False
+
+
+def kind() -> str:
+    """Which guard the hot path uses here: ``C``, ``torch`` or ``none``."""
+    return "C" if native_guard() is not None else "torch" if _torch_guards() is not None else "none"
 
 
 def guard_plan(args: tuple) -> GuardPlan | None:
@@ -67,18 +138,25 @@ def guard_plan(args: tuple) -> GuardPlan | None:
     return (tuple(tensors), tuple(scalars)) if tensors else None
 
 
-def make_guard(args: tuple, plan: GuardPlan) -> Callable[..., bool]:
-    """``guard(*tensors)``: True when these tensors have exactly the layout of the tensors of
-    ``args`` at the plan's tensor positions (never where that cannot be built)."""
+def make_guard(args: tuple, plan: GuardPlan) -> Guard:
+    """The guard of calls with exactly the layout of ``args``: ``(guard, ())`` where one call
+    ``guard(*args)`` checks them all, ``(guard, scalars)`` where ``guard(*tensors)`` checks
+    the tensors at the plan's positions and the hot path compares the scalars (type, value
+    per scalar position), ``(never, ())`` where no guard can be built."""
+    native = native_guard()
+    if native is not None:
+        try:
+            return native(args, *plan), ()
+        except Exception:  # noqa: BLE001 - a tensor DLPack cannot describe: torch's guards
+            pass
+    guards = _torch_guards()
     try:
-        from torch._C._dynamo.guards import TensorGuards
-        return _guard_of(tuple(args[i] for i in plan[0]), TensorGuards)
+        return _guard_of(tuple(args[i] for i in plan[0]), guards), _scalars_of(args, plan)
     except Exception:  # noqa: BLE001 - a tensor the guards cannot take: keys only
-        return never
+        return never, ()
 
 
-def scalars_of(args: tuple, plan: GuardPlan) -> tuple:
-    """What the hot path compares a call's scalars with: (type, value) per scalar position."""
+def _scalars_of(args: tuple, plan: GuardPlan) -> tuple:
     out: list[Any] = []
     for i in plan[1]:
         out += (type(args[i]), args[i])

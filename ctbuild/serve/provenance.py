@@ -39,8 +39,9 @@ def totals(entries: Iterable[Entry]) -> Counter:
     runtime folds entries it drops into these, so counts stay whole while rows stay bounded."""
     out: Counter = Counter()
     for e in entries:
-        out["origin", _origin(e.info)] += e.calls
-        out["class", e.info["cubin_class"]] += e.calls
+        n = e.launches()
+        out["origin", _origin(e.info)] += n
+        out["class", e.info["cubin_class"]] += n
     return out
 
 
@@ -54,7 +55,7 @@ def summary(kernel: str, mode: str, entries: Iterable[Entry], misses: dict[str, 
     counts = totals(entries) + retired
     origins = {o: counts["origin", o] for o in ORIGINS}
     classes = {c: counts["class", c] for c in CUBIN_CLASSES}
-    rows = [{"origin": _origin(e.info), "launches": e.calls, **e.info} for e in entries]
+    rows = [{"origin": _origin(e.info), "launches": e.launches(), **e.info} for e in entries]
     return {"kernel": kernel, "mode": mode, "launches": sum(origins.values()),
             "origins": origins, "classes": classes, "misses": misses,
             "served_kernels": served_kernels, "keys": keys, "entries": rows,

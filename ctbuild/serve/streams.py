@@ -18,9 +18,14 @@ StreamGetter = Callable[[int], Any]
 
 def current_stream_getter() -> StreamGetter:
     """torch's raw current-stream getter where it has one, else torch stream objects."""
-    import torch
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    raw = raw_stream_getter()
     return raw if raw is not None else current_stream_object
+
+
+def raw_stream_getter() -> StreamGetter | None:
+    """torch's getter of a device's current stream as a raw handle (None where it has none)."""
+    import torch
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def current_stream_object(device: int) -> Any:
