@@ -299,6 +299,7 @@ print(json.dumps({{
     "mode": ctx.mode,
     "ray": importlib.util.find_spec("ray") is not None,
     "torch": importlib.util.find_spec("torch") is not None,
+    "c_module": importlib.util.find_spec("ctbuild.serve._fast_path") is not None,
 }}))
 """
     out = json.loads(_run([str(runtime_bin / "python"), "-c", check], cwd=app,
@@ -306,6 +307,8 @@ print(json.dumps({{
     assert out["tileiras"] is False, "the runtime stage installed the tileiras compiler"
     assert out["toolchain"] is not None and out["recorded"] == [out["toolchain"]], out
     assert out["ray"] is False
+    # pip builds the hot path's C module wherever a C compiler is (the stage installs gcc)
+    assert out["c_module"] is (shutil.which("cc") is not None), out
     proc = _run([str(runtime_bin / "ctbuild"), "cache", "verify", "--cache", str(cache)],
                 cwd=app, env=renv)
     assert proc.returncode == 0

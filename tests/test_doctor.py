@@ -73,3 +73,16 @@ def test_serving_mode_checks_the_cache_toolchain(tmp_path: Path) -> None:
     report = json.loads(run_cli("doctor", "--serving", "--json", "--cache", str(cache)).stdout)
     assert report["cache"]["toolchain"] == probe().fingerprint
     assert not any("toolchain" in p for p in report["problems"])
+
+
+def test_doctor_says_which_hot_path_runs_and_why(tmp_path: Path) -> None:
+    """The C hot path where it is built (as here, where a C compiler is), else why not; never
+    a problem."""
+    from ctbuild.serve import layout_guard
+    on = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path)).stdout)
+    off = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path),
+                             env={"CTBUILD_NATIVE_GUARD": "0"}).stdout)
+    want = "C (" if layout_guard.native_guard() is not None else "Python"
+    assert on["hot_path"].startswith(want) and on["problems"] == []
+    assert off["hot_path"].startswith("Python with torch's guards") and \
+        "CTBUILD_NATIVE_GUARD=0" in off["hot_path"] and off["problems"] == []

@@ -268,6 +268,25 @@ def test_an_entry_serves_its_layout_with_its_own_constants(stub_gpu: list[tuple]
     assert [type(la[3][3]) for la in launches] == [float] * 3 + [int] + [float] * 2
 
 
+def test_keywords_reach_the_entry_by_call_and_by_launch(stub_gpu: list[tuple],
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        guard_kind: str) -> None:
+    """Keyword arguments (the stream among them, for ``launch``) are bound and served by the
+    layout's entry; a ``launch`` without a stream is a TypeError, launching nothing."""
+    launches = stub_gpu
+    tuned, rt, args, slow, _ = _warm("rmsnorm", monkeypatch)
+    named = dict(zip(tuned.workloads[0], args))
+    tuned(**named)
+    tuned(args[0], **dict(list(named.items())[1:]))
+    tuned.launch(5, **named)
+    tuned.launch(stream=6, **named)
+    assert len(slow) == 1 and [la[0] for la in launches[-2:]] == [5, 6]
+    assert all(la[3] == launches[0][3] for la in launches)
+    with pytest.raises(TypeError):
+        tuned.launch(**named)
+    assert rt.provenance()["launches"] == len(launches) == 5
+
+
 def test_a_cutile_refusing_raw_stream_handles_gets_stream_objects(
         stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch, guard_kind: str) -> None:
     """An entry armed with the raw stream getter that cuTile then refuses: the runtime

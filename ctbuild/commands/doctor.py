@@ -28,6 +28,8 @@ exit status: 0 when the machine can do its job, 1 otherwise (each problem is pri
     reported as stripped, not as problems.
   serving node (--serving): no compiler needed; the cache exists, holds a toolchain profile
     matching this cuda-tile and env, and a GPU is visible.
+  hot path: whether warm calls run the C module (ctbuild/serve/_fast_path.c) or the slower
+    Python path, and why; never a problem, since both serve the same kernels.
 """
 
 
@@ -49,6 +51,12 @@ def _gpu() -> dict[str, Any]:
     except Exception as exc:  # no libcuda, no device: both are normal on a build machine
         return {"visible": False, "reason": str(exc).splitlines()[0] if str(exc) else
                 type(exc).__name__}
+
+
+def _hot_path() -> str:
+    """What a warm kernel call runs here (C or Python, and why): the runtime's own check."""
+    from ..serve.layout_guard import native_status
+    return native_status()
 
 
 def _cache_dir(args: argparse.Namespace) -> Path:
@@ -108,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     report["cuda_home"] = os.environ.get("CUDA_HOME")
     report["stripped_env"] = {v: os.environ[v] for v in stripped_env_vars() if v in os.environ}
     report["gpu"] = _gpu()
+    report["hot_path"] = _hot_path()
     cache = _cache_dir(args)
     ok, why = _writable(cache)
     report["cache"] = {"dir": str(cache), "writable": ok, "status": why}
@@ -134,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
                   "beside it)")
         gpu = report["gpu"]
         print(f"GPU            {gpu['arch'] if gpu['visible'] else 'none (' + gpu['reason'] + ')'}")
+        print(f"hot path       {report['hot_path']}")
         print(f"cache          {cache} ({why})")
         for p in report["problems"]:
             print(f"PROBLEM: {p}")

@@ -300,17 +300,26 @@ static PyObject *current_stream(ArmedCall *self) {
     return PyLong_FromVoidPtr(stream);
 }
 
+/* A call with keywords, to the runtime (which binds them). `stream` NULL: launch(stream=...,
+ * ...), the stream is one of the keywords. */
 static PyObject *keyword_call(ArmedCall *self, PyObject *stream, PyObject *const *args,
                               Py_ssize_t n, PyObject *kwnames) {
-    Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+    Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject *positional = PyTuple_New(n), *kwargs = PyDict_New(), *result = NULL;
     if (positional == NULL || kwargs == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++)
         PyTuple_SET_ITEM(positional, i, Py_NewRef(args[i]));
     for (Py_ssize_t k = 0; k < nk; k++) {
-        if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, k), args[n + k]) < 0)
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        if (stream == NULL && PyUnicode_CompareWithASCIIString(name, "stream") == 0)
+            stream = args[n + k];
+        else if (PyDict_SetItem(kwargs, name, args[n + k]) < 0)
             goto done;
+    }
+    if (stream == NULL) {
+        PyErr_SetString(PyExc_TypeError, "launch() missing its first argument: the stream");
+        goto done;
     }
     result = PyObject_CallFunctionObjArgs(self->keywords, stream, positional, kwargs, NULL);
 done:
@@ -326,10 +335,8 @@ static PyObject *armed_call(PyObject *self_obj, PyObject *const *all, size_t nar
     PyObject *given = Py_None; /* the stream a launch(stream, ...) was given */
     PyObject *const *args = all;
     if (self->with_stream) {
-        if (n < 1) {
-            PyErr_SetString(PyExc_TypeError, "launch() missing its first argument: the stream");
-            return NULL;
-        }
+        if (n < 1)
+            return keyword_call(self, NULL, all, 0, kwnames);
         given = all[0];
         args = all + 1;
         n -= 1;

@@ -121,6 +121,24 @@ def kind() -> str:
     return "C" if native_guard() is not None else "torch" if _torch_guards() is not None else "none"
 
 
+def native_status() -> str:
+    """Whether the C hot path is in use here and, if not, why and what to do (for doctor)."""
+    if native_guard() is not None:
+        return "C (ctbuild.serve._fast_path)"
+    fallback = "Python with torch's guards" if _torch_guards() is not None else \
+        "Python, keys only (no torch guards)"
+    if os.environ.get("CTBUILD_NATIVE_GUARD", "1") == "0":
+        why = "the C module is turned off (CTBUILD_NATIVE_GUARD=0)"
+    else:
+        try:
+            from . import _fast_path  # noqa: F401
+            why = "this torch exports no DLPack C exchange API (torch 2.11 or later does)"
+        except ImportError:
+            why = ("the C module is not built: reinstall ctbuild where a C compiler and "
+                   "Python's headers are installed (e.g. gcc, python3-dev)")
+    return f"{fallback}; {why}"
+
+
 def guard_plan(args: tuple) -> GuardPlan | None:
     """Tensor and scalar positions of calls like ``args``, or None when a guard cannot cover
     them (no tensor, or an argument that is neither a torch tensor nor a plain scalar)."""
