@@ -327,3 +327,40 @@ def test_tile_volume_counts_a_tile_shape_passed_as_a_tuple_constant() -> None:
     constants = int_constants(derive_signature(tiled_copy, (x, x, (64, 128), 3)))
     assert constants == [64, 128, 3]
     assert tile_volume({"config": {}, "constants": constants}) == 64 * 128
+
+
+def test_the_c_call_code_keeps_no_reference_on_any_of_its_paths() -> None:
+    """The C call object on its four paths (launch, refused, keywords, launch error), 2000
+    times each: no reference to the arguments, the stream or the tail is kept or lost."""
+    import sys
+    if layout_guard.kind() != "C":
+        pytest.skip("the C guard is not built here")
+    from ctbuild.serve._fast_path import ArmedCall, LayoutCheck
+    t, eps, stream, tail = torch.zeros(4), 1.5, object(), (object(),)
+    seen: list[str] = []
+    fail = []
+
+    def launch(s: Any, grid: tuple, kernel: Any, kargs: tuple) -> None:
+        assert s is stream and kargs == (t, eps, tail[0])
+        if fail:
+            raise RuntimeError("launch failed")
+
+    armed = ArmedCall("entry", LayoutCheck((t, eps), (0,), (1,)), (1,), "kernel", tail, 0,
+                      lambda device: stream, launch,
+                      lambda args, entry: seen.append("refused"),
+                      lambda s, args, kwargs: seen.append("keywords"),
+                      lambda exc, entry, s, args: seen.append("failed"), False)
+
+    def counts() -> list[int]:
+        return [sys.getrefcount(o) for o in (t, eps, stream, tail, tail[0])]
+
+    before = counts()
+    for _ in range(2000):
+        armed(t, eps)
+        armed(t, 2.5)
+        armed(t, eps=eps)
+    fail.append(True)
+    for _ in range(2000):
+        armed(t, eps)
+    assert counts() == before and armed.calls == 2000
+    assert seen == ["refused", "keywords"] * 2000 + ["failed"] * 2000

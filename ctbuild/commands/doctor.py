@@ -28,8 +28,8 @@ exit status: 0 when the machine can do its job, 1 otherwise (each problem is pri
     reported as stripped, not as problems.
   serving node (--serving): no compiler needed; the cache exists, holds a toolchain profile
     matching this cuda-tile and env, and a GPU is visible.
-  hot path: whether warm calls run the C module (ctbuild/serve/_fast_path.c) or the slower
-    Python path, and why; never a problem, since both serve the same kernels.
+    It also says which hot path warm calls run: the C module (ctbuild/serve/_fast_path.c) or
+    the slower Python path, and why; never a problem, since both serve the same kernels.
 """
 
 
@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     report["cuda_home"] = os.environ.get("CUDA_HOME")
     report["stripped_env"] = {v: os.environ[v] for v in stripped_env_vars() if v in os.environ}
     report["gpu"] = _gpu()
-    report["hot_path"] = _hot_path()
+    if args.serving:  # imports torch: only where kernels are served
+        report["hot_path"] = _hot_path()
     cache = _cache_dir(args)
     ok, why = _writable(cache)
     report["cache"] = {"dir": str(cache), "writable": ok, "status": why}
@@ -143,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
                   "beside it)")
         gpu = report["gpu"]
         print(f"GPU            {gpu['arch'] if gpu['visible'] else 'none (' + gpu['reason'] + ')'}")
-        print(f"hot path       {report['hot_path']}")
+        if "hot_path" in report:
+            print(f"hot path       {report['hot_path']}")
         print(f"cache          {cache} ({why})")
         for p in report["problems"]:
             print(f"PROBLEM: {p}")
