@@ -126,7 +126,7 @@ def test_a_repeated_layout_skips_the_key_lookup(stub_gpu: list[tuple],
     assert rt.provenance()["launches"] == 8
 
 
-def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple], guard_kind: str) -> None:
+def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple]) -> None:
     """Shapes, dtypes and strides that differ from the last call's are each launched with
     what resolving them says: their own grid and their own pinned served kernel."""
     launches = stub_gpu

@@ -57,9 +57,20 @@ def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def cache_copy(warm_cache: Path, tmp_path: Path) -> Path:
+    import gc
     dst = tmp_path / "cache"
-    # SQLite's -shm index is rebuilt from the WAL on open; it may vanish mid-copy
-    shutil.copytree(warm_cache, dst, ignore=shutil.ignore_patterns("*-shm"))
+    # SQLite's -shm index is rebuilt from the WAL on open; it may vanish mid-copy. So may the
+    # WAL itself, when an earlier test's store is collected (its last connection closing
+    # checkpoints the WAL into the database): collect first, and copy again if it happened.
+    for attempt in range(2):
+        gc.collect()
+        try:
+            shutil.copytree(warm_cache, dst, ignore=shutil.ignore_patterns("*-shm"))
+            return dst
+        except shutil.Error:
+            shutil.rmtree(dst, ignore_errors=True)
+            if attempt:
+                raise
     return dst
 
 

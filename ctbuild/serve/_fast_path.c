@@ -260,10 +260,6 @@ fail:
     return NULL;
 }
 
-static PyObject *check_tp_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
 static PyTypeObject LayoutCheckType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "ctbuild.serve._fast_path.LayoutCheck",
@@ -274,7 +270,7 @@ static PyTypeObject LayoutCheckType = {
     .tp_vectorcall_offset = offsetof(LayoutCheck, vectorcall),
     .tp_new = check_new,
     .tp_dealloc = (destructor)check_dealloc,
-    .tp_call = check_tp_call,
+    .tp_call = PyVectorcall_Call,
 };
 
 /* ---- ArmedCall: one entry's call code ------------------------------------------------------ */
@@ -500,10 +496,6 @@ static PyGetSetDef armed_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyObject *armed_tp_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
 static PyTypeObject ArmedCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "ctbuild.serve._fast_path.ArmedCall",
@@ -516,7 +508,7 @@ static PyTypeObject ArmedCallType = {
     .tp_dealloc = (destructor)armed_dealloc,
     .tp_traverse = (traverseproc)armed_traverse,
     .tp_clear = (inquiry)armed_clear,
-    .tp_call = armed_tp_call,
+    .tp_call = PyVectorcall_Call,
     .tp_getset = armed_getset,
 };
 
