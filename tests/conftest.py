@@ -20,6 +20,15 @@ def cuda_available() -> bool:
         return False
 
 
+def can_build_c() -> bool:
+    """Whether `pip install` can build the package's C module here: a C compiler and this
+    Python's headers."""
+    import shutil
+    import sysconfig
+    return shutil.which("cc") is not None and \
+        (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if cuda_available():
         return

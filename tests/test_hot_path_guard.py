@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cuda.tile as ct  # noqa: E402
-from conftest import count_slow_calls  # noqa: E402
+from conftest import can_build_c, count_slow_calls  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 from ctbuild.serve import layout_guard  # noqa: E402
@@ -66,10 +66,7 @@ def torch_guards(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_the_c_guard_is_built_where_a_c_compiler_is() -> None:
     """`pip install` builds the C guard wherever a C compiler and Python's headers are (as on
     this machine): a broken build must not pass unnoticed as the slower fallback."""
-    import shutil
-    import sysconfig
-    from pathlib import Path
-    if not shutil.which("cc") or not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+    if not can_build_c():
         pytest.skip("no C compiler or no Python headers here")
     assert layout_guard.native_guard() is not None, "the C guard was not built: pip install -e ."
 
