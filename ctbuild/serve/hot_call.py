@@ -2,7 +2,7 @@
 
 Where the C module is built (`_fast_path`, see `layout_guard`), a guarded entry's own code is
 a C object doing what ``_ARMED`` below does: a warm call then runs no Python frame of ours at
-all, about half the host cost of the Python code. Everything else is Python:
+all, about half the host cost of the Python code. Everything else is the Python code here.
 
 A warm call costs one frame here. Where the kinds of arguments allow a layout guard
 (`layout_guard`), the kernel's calls go straight to the functions of the entry it served last
