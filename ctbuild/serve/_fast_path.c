@@ -296,16 +296,27 @@ static PyObject *current_stream(ArmedCall *self) {
     return PyLong_FromVoidPtr(stream);
 }
 
+/* A new tuple of the n objects at `items`, then those of `tail` (NULL: none). */
+static PyObject *tuple_of(PyObject *const *items, Py_ssize_t n, PyObject *tail) {
+    Py_ssize_t nt = tail != NULL ? PyTuple_GET_SIZE(tail) : 0;
+    PyObject *out = PyTuple_New(n + nt);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(out, i, Py_NewRef(items[i]));
+    for (Py_ssize_t i = 0; i < nt; i++)
+        PyTuple_SET_ITEM(out, n + i, Py_NewRef(PyTuple_GET_ITEM(tail, i)));
+    return out;
+}
+
 /* A call with keywords, to the runtime (which binds them). `stream` NULL: launch(stream=...,
  * ...), the stream is one of the keywords. */
 static PyObject *keyword_call(ArmedCall *self, PyObject *stream, PyObject *const *args,
                               Py_ssize_t n, PyObject *kwnames) {
     Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject *positional = PyTuple_New(n), *kwargs = PyDict_New(), *result = NULL;
+    PyObject *positional = tuple_of(args, n, NULL), *kwargs = PyDict_New(), *result = NULL;
     if (positional == NULL || kwargs == NULL)
         goto done;
-    for (Py_ssize_t i = 0; i < n; i++)
-        PyTuple_SET_ITEM(positional, i, Py_NewRef(args[i]));
     for (Py_ssize_t k = 0; k < nk; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
         if (stream == NULL && PyUnicode_CompareWithASCIIString(name, "stream") == 0)
@@ -340,11 +351,9 @@ static PyObject *armed_call(PyObject *self_obj, PyObject *const *all, size_t nar
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)
         return keyword_call(self, given, args, n, kwnames);
     if (!same_layout((LayoutCheck *)self->check, args, n)) {
-        PyObject *call_args = PyTuple_New(n), *result;
+        PyObject *call_args = tuple_of(args, n, NULL), *result;
         if (call_args == NULL)
             return NULL;
-        for (Py_ssize_t i = 0; i < n; i++)
-            PyTuple_SET_ITEM(call_args, i, Py_NewRef(args[i]));
         if (self->with_stream)
             result = PyObject_CallFunctionObjArgs(self->refused, given, call_args, self->entry,
                                                   NULL);
@@ -353,14 +362,9 @@ static PyObject *armed_call(PyObject *self_obj, PyObject *const *all, size_t nar
         Py_DECREF(call_args);
         return result;
     }
-    Py_ssize_t nt = PyTuple_GET_SIZE(self->tail);
-    PyObject *kernel_args = PyTuple_New(n + nt);
+    PyObject *kernel_args = tuple_of(args, n, self->tail);
     if (kernel_args == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < n; i++)
-        PyTuple_SET_ITEM(kernel_args, i, Py_NewRef(args[i]));
-    for (Py_ssize_t i = 0; i < nt; i++)
-        PyTuple_SET_ITEM(kernel_args, n + i, Py_NewRef(PyTuple_GET_ITEM(self->tail, i)));
     self->calls += 1;
     PyObject *stream = self->with_stream ? Py_NewRef(given) : current_stream(self);
     PyObject *result = NULL;
@@ -390,13 +394,11 @@ static PyObject *armed_call(PyObject *self_obj, PyObject *const *all, size_t nar
     Py_XDECREF(type);
     Py_XDECREF(tb);
 #endif
-    PyObject *call_args = PyTuple_New(n);
+    PyObject *call_args = tuple_of(args, n, NULL);
     if (call_args == NULL) {
         Py_DECREF(exc);
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        PyTuple_SET_ITEM(call_args, i, Py_NewRef(args[i]));
     result = PyObject_CallFunctionObjArgs(self->failed, exc, self->entry, given, call_args,
                                           NULL);
     Py_DECREF(exc);

@@ -59,7 +59,7 @@ def available() -> bool:
 def native_guard() -> Any:
     """The C guard's type (`_fast_path.LayoutCheck`), where it was built, is not turned off
     and passes the self-test; else None."""
-    if os.environ.get("CTBUILD_NATIVE_GUARD", "1") == "0":
+    if _turned_off():
         return None
     try:
         from ._fast_path import LayoutCheck
@@ -69,6 +69,11 @@ def native_guard() -> Any:
     ok = _passes_self_test(lambda probe: LayoutCheck(probe, (0,), ())) and \
         _scalars_told_apart(LayoutCheck)
     return LayoutCheck if ok else None
+
+
+def _turned_off() -> bool:
+    """Whether ``CTBUILD_NATIVE_GUARD=0`` turns the C module off."""
+    return os.environ.get("CTBUILD_NATIVE_GUARD", "1") == "0"
 
 
 def native_call() -> Any:
@@ -127,7 +132,7 @@ def native_status() -> str:
         return "C (ctbuild.serve._fast_path)"
     fallback = "Python with torch's guards" if _torch_guards() is not None else \
         "Python, keys only (no torch guards)"
-    if os.environ.get("CTBUILD_NATIVE_GUARD", "1") == "0":
+    if _turned_off():
         why = "the C module is turned off (CTBUILD_NATIVE_GUARD=0)"
     else:
         try:
