@@ -45,7 +45,8 @@ COMPILE_PARAMS = ["self", "signature", "context", "compute_capability"]
 OPTION_FIELDS = {"num_ctas", "occupancy", "opt_level", "num_worker_warps"}
 #: Private functions and classes ctbuild uses, by module.
 SERVE_NAMES = {
-    "cuda.tile._cext": ("get_compute_capability", "get_driver_version", "TileContext"),
+    "cuda.tile._cext": ("get_compute_capability", "get_driver_version", "TileContext",
+                        "_benchmark"),
     "cuda.tile._context": ("TileContextConfig",),
 }
 BUILD_NAMES = {
@@ -321,3 +322,13 @@ class ServingKernel(ct.kernel):
         cubin, symbol, _, lifecycle = ct.kernel._compile(self, signature, context,
                                                          (arch.major, arch.minor))
         return cubin, symbol, tuple(lifecycle)
+
+
+# ---- timing one launch ------------------------------------------------------------------------
+def benchmark_sample(stream: Any, grid: tuple[int, ...], kernel: Any, args: tuple,
+                     flush_l2: bool = True) -> float:
+    """Microseconds of one launch, timed the way ``ct.tune.exhaustive_search`` times each of its
+    samples (a CUDA graph, the L2 flushed before it when ``flush_l2``). The runoff between
+    finalists uses it to interleave candidates round by round, which cuTile's search does not."""
+    from cuda.tile._cext import _benchmark
+    return float(_benchmark(stream, grid, kernel, args, flush_l2))

@@ -88,10 +88,20 @@ class TuningRecord:
     failures: list[dict[str, Any]] = field(default_factory=list)
     #: {"total", "pruned", "kept"}
     space: dict[str, int] = field(default_factory=dict)
+    #: how the winner was chosen: {"rule", "band", "fastest", "ties": [{"config", "mean_us",
+    #: "ci_us", "samples"}] in space order} (`ctbuild.tune.choice`); None in older records
+    choice: dict[str, Any] | None = None
+    #: the finalists' interleaved re-measurement: {"rounds", "stopped", "budget", "finalists"}
+    runoff: dict[str, Any] | None = None
+    #: a Dim bucket's winner at sizes inside the bucket: {"bucket", "sizes", "max_pct",
+    #: "problems"} (`ctbuild.tune.regret`)
+    regret: dict[str, Any] | None = None
     compiled_during_tune: int = 0
     compiles_during_measurement: int = 0
     measure_seconds: float | None = None
     seconds: float | None = None
+    #: measuring time by phase: {"screen", "runoff", "regret"} seconds
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     #: "workload" (declared or recorded specs) or "online" (the caller's tensors)
     source: str = "workload"
     tuned_at: str = ""

@@ -151,13 +151,11 @@ def tune_all(store: Any, kernels: list, log: Callable[[str], None] = print) -> d
     for k in kernels:
         for w in k.workloads:
             rec = tuning.tune_workload(k, w, store=store, timeout_s=None)
-            done.append({"kernel": k.name, "config": rec.get("config"),
-                         "mean_us": rec.get("mean_us"), "default_us":
-                         (rec.get("default") or {}).get("mean_us"),
-                         "failures": len(rec.get("failures") or [])})
-            log(f"tune: {k.name} {json.dumps(rec.get('config'))} "
-                f"{rec.get('mean_us') or float('nan'):.1f} us "
-                f"(default {(rec.get('default') or {}).get('mean_us') or float('nan'):.1f} us)")
+            done.append({"kernel": k.name, "config": rec.config, "mean_us": rec.mean_us,
+                         "default_us": rec.default_mean_us, "failures": len(rec.failures)})
+            log(f"tune: {k.name} {json.dumps(rec.config)} "
+                f"{rec.mean_us or float('nan'):.1f} us "
+                f"(default {rec.default_mean_us or float('nan'):.1f} us)")
     seconds = time.perf_counter() - start
     log(f"tune: {len(done)} workloads in {seconds:.1f} s")
     return {"records": done, "seconds": seconds}

@@ -8,6 +8,8 @@ import json
 import pytest
 from conftest import ROOT, run_cli
 
+from ctbuild import cutile
+
 FIXTURE = ROOT / "tests" / "fixtures" / "tune_project"
 
 torch = pytest.importorskip("torch")
@@ -103,6 +105,11 @@ def fake_search(times, launches, fail=()):
     return search
 
 
+def fake_timer(times):
+    """A `cutile.benchmark_sample` stand-in for the runoff: the config's time, no noise."""
+    return lambda stream, grid, kernel, args, flush_l2=True: times(kernel.config)
+
+
 def _prime(store, tuned, w, device, fp, skip=()):
     from ctbuild.arch import Arch
     from ctbuild.build.plan import job_for
@@ -127,13 +134,16 @@ def test_record_structure_and_skip_when_tuned(tmp_path, monkeypatch, fixture_ker
     calls = []
     monkeypatch.setattr(ct.tune, "exhaustive_search", fake_search(
         lambda cfg: 100.0 / cfg.TILE + cfg.occupancy, lambda k, a: calls.append(k.config)))
+    monkeypatch.setattr(cutile, "benchmark_sample",
+                        fake_timer(lambda cfg: 100.0 / cfg.TILE + cfg.occupancy))
     monkeypatch.setattr(ct, "launch", lambda stream, grid, k, args: calls.append(("final",
                                                                                    k.config)))
     rec = tuning.tune_workload(twice, w, store=store, toolchain_fp=fp, device=device,
                                stream=FakeStream(), input_device="cpu", timeout_s=None)
+    rec = rec.to_json()
     for field in ("kernel", "kernel_fp", "arch", "gpu", "driver", "toolchain", "tuning_key",
                   "workload", "config", "compile_key", "mean_us", "ci_us", "default",
-                  "candidates", "failures", "tuned_at"):
+                  "candidates", "failures", "tuned_at", "choice", "runoff"):
         assert field in rec, field
     assert rec["config"] == {"TILE": 512, "occupancy": 1}
     assert rec["default"]["config"] == {"TILE": 256, "occupancy": 1}
@@ -177,13 +187,14 @@ def test_failures_are_recorded_and_all_failed_writes_nothing(tmp_path, monkeypat
     bad = [{"MODE": 2, "TILE": 256}, {"MODE": 3, "TILE": 256}]
     monkeypatch.setattr(ct.tune, "exhaustive_search", fake_search(
         lambda cfg: 5.0 + cfg.MODE, lambda k, a: None, fail=bad))
+    monkeypatch.setattr(cutile, "benchmark_sample", fake_timer(lambda cfg: 5.0 + cfg.MODE))
     monkeypatch.setattr(ct, "launch", lambda *a: None)
     rec = tuning.tune_workload(faulty, w, store=store, toolchain_fp=fp, device=device,
                                stream=FakeStream(), input_device="cpu",
                                exclude={json.dumps({"MODE": 4, "TILE": 256}, sort_keys=True):
                                         "process: died"})
-    assert rec["config"] == {"MODE": 0, "TILE": 256}
-    failed = {json.dumps(f["config"], sort_keys=True): f["error"] for f in rec["failures"]}
+    assert rec.config == {"MODE": 0, "TILE": 256}
+    failed = {json.dumps(f["config"], sort_keys=True): f["error"] for f in rec.failures}
     assert len(failed) == 3 and "ILLEGAL_ADDRESS" in failed[json.dumps(bad[0], sort_keys=True)]
     assert "process: died" in failed[json.dumps({"MODE": 4, "TILE": 256}, sort_keys=True)]
 
@@ -192,8 +203,8 @@ def test_failures_are_recorded_and_all_failed_writes_nothing(tmp_path, monkeypat
             w, __import__("ctbuild").Arch("sm_90")).kept]))
     rec = tuning.tune_workload(faulty, w, store=Store(tmp_path / "c2"), toolchain_fp=fp,
                                device=device, stream=FakeStream(), input_device="cpu")
-    assert rec["config"] is None and rec["compile_key"] is None
-    assert len(rec["failures"]) == 5
+    assert rec.config is None and rec.compile_key is None
+    assert len(rec.failures) == 5
     assert not list(Store(tmp_path / "c2").tuning_records())
 
 
@@ -220,12 +231,13 @@ def test_inplace_restore_leaves_one_clean_launch(tmp_path, monkeypatch, examples
 
     monkeypatch.setattr(ct.tune, "exhaustive_search", fake_search(
         lambda cfg: cfg.TOKENS * 1.0, launch_inplace))
+    monkeypatch.setattr(cutile, "benchmark_sample", fake_timer(lambda cfg: cfg.TOKENS * 1.0))
     monkeypatch.setattr(ct, "launch", lambda stream, grid, k, args: args[0].add_(1))
     rec = tuning.tune_workload(rope_inplace, small, store=store, toolchain_fp=fp, device=device,
                                stream=FakeStream(), write=False)
     assert all(seen) and len(seen) == 27
     assert torch.equal(small.Q, q0 + 1)
-    assert rec["source"] == "online" and rec["workload"]["Q"]["tensor"] == [4096, 32, 128]
+    assert rec.source == "online" and rec.workload["Q"]["tensor"] == [4096, 32, 128]
 
 
 def test_make_inputs_specs_and_hook(fixture_kernels):
@@ -268,3 +280,43 @@ def test_cli_bad_arguments_exit_2(args, needle, tmp_path):
 def test_cli_without_gpu_says_so(tmp_path):
     r = run_cli("tune", "--config", str(FIXTURE / "ctbuild.toml"), "--cache", str(tmp_path))
     assert r.returncode == 1 and "needs a CUDA GPU" in r.stderr
+
+
+def test_dim_bucket_records_ties_and_regret_inside_the_bucket(tmp_path, monkeypatch):
+    """A Dim bucket's record: the tie rule picks the default among ties at the bucket's top; the
+    regret at the bucket's lower bound and midpoints shows where another config is faster."""
+    import cuda.tile as ct
+
+    from cache import Store
+    from ctbuild.project import load_project
+    from ctbuild.tune import tuner as tuning
+    project_dir = ROOT / "tests" / "fixtures" / "coverage_project"
+    monkeypatch.syspath_prepend(str(project_dir))
+    add = next(k for k in load_project(project_dir / "ctbuild.toml").kernels()
+               if k.name == "dyn_add")
+    device = tuning.Device(0, "sm_90", "Fake GPU", "580.0")
+    store, fp = Store(tmp_path / "cache"), "fp-test"
+    w = next(r for r, b in add.buckets.items() if b.to_json() == {"N": 4096})
+    _prime(store, add, w, device, fp)
+
+    def seconds(cfg, n):  # at 4096 all within 1% (ties); below 1500 TILE=1024 is 10% slower
+        return 10.0 * (1 + 0.001 * cfg.occupancy) * (1.1 if n < 1500 and cfg.TILE == 1024 else 1)
+
+    monkeypatch.setattr(ct.tune, "exhaustive_search", fake_search(
+        lambda cfg: seconds(cfg, 4096), lambda k, a: None))
+    monkeypatch.setattr(cutile, "benchmark_sample", lambda stream, grid, kernel, args, f=True:
+                        seconds(kernel.config, args[0].shape[0]))
+    monkeypatch.setattr(ct, "launch", lambda *a: None)
+    rec = tuning.tune_workload(add, w, store=store, toolchain_fp=fp, device=device,
+                               stream=FakeStream(), input_device="cpu")
+    assert rec.config == {"TILE": 1024, "occupancy": 2}                 # the declared default
+    assert rec.choice["rule"] == "default config among ties" and len(rec.choice["ties"]) == 4
+    assert rec.runoff["rounds"] == 5 and rec.runoff["stopped"] == "decided"
+    assert rec.regret["bucket"] == {"N": 4096}
+    by_size = {s["sizes"]["N"]: s for s in rec.regret["sizes"]}
+    assert sorted(by_size) == [257, 647, 1628]
+    assert by_size[257]["regret_pct"] == pytest.approx(100 * (1.1 * 1.002 / 1.001 - 1), abs=0.01)
+    assert by_size[257]["fastest"]["TILE"] == 2048
+    assert by_size[1628]["regret_pct"] == pytest.approx(100 * (1.002 / 1.001 - 1), abs=0.01)
+    assert rec.regret["max_pct"] == by_size[257]["regret_pct"]
+    assert set(rec.phase_seconds) == {"screen", "runoff", "regret"}

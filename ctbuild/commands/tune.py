@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..tune.choice import TieBand, TieBandError
 from .common import (
     add_project_args,
     fail,
@@ -22,15 +23,28 @@ examples:
   ctbuild tune --config examples/ctbuild.toml --cache /cache
   ctbuild tune --config examples/ctbuild.toml --compile-missing --report tune.html
   ctbuild tune --kernel matmul --retune --json
+  ctbuild tune --verify --config examples/ctbuild.toml     # a new GPU, driver or node
+  ctbuild tune --gpus all                                  # every GPU of this node
 
 For every declared kernel x workload, on this GPU's arch, every precompiled candidate is
 measured with cuTile's exhaustive_search (CUDA graph per sample, L2 flush, 95% CI) from the
 cache's CUBINs: nothing is compiled while measuring. A candidate without a CUBIN is reported
 (or compiled first, in a local process pool, with --compile-missing). A failing, faulting or
-hanging candidate is recorded as failed; the others still get measured. Tuned entries are
-skipped unless --retune. A dynamic workload (ctbuild.Dim) is tuned once per bucket, at the
-bucket's representative size. Workloads added by `ctbuild precompile --from-record` (found in
-the cache) are tuned too. Exit 0 when every kernel x workload got a record, 1 when some did not,
+hanging candidate is recorded as failed; the others still get measured.
+
+The candidates near the fastest then run off: re-measured interleaved, round by round, so that
+the GPU's clock drift hits all of them alike, until they separate or a budget ends. Candidates
+within the tie band of the fastest (default: 2%, or overlapping 95% CIs) are ties, and among
+ties the winner is fixed: the declared default config if it is one, else the first in the
+declared space order. So two tunes of the same keys agree unless a candidate sits at the band's
+edge. The record keeps the ties, every finalist's time and the rule that chose. A dynamic
+workload (ctbuild.Dim) is tuned once per bucket, at the bucket's upper bound; the winner and
+its runners-up are then timed at the bucket's lower bound and geometric midpoints, and the
+record keeps the winner's regret there.
+
+Tuned entries are skipped unless --retune. Workloads added by `ctbuild precompile
+--from-record` (found in the cache) are tuned too. Exit 0 when every kernel x workload got a
+record (with --verify: every recorded winner still ties with the fastest), 1 when some did not,
 2 on bad input.
 """
 
@@ -53,10 +67,25 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                         "hung (default: 10)")
     p.add_argument("--workers", metavar="N", type=positive_int, default=None,
                    help="compile processes for --compile-missing (default: CPUs - 1, max 16)")
+    p.add_argument("--tie-band", metavar="PCT", type=tie_band, default=TieBand(),
+                   help="candidates within PCT%% of the fastest (or with overlapping 95%% CIs) "
+                        "tie; among ties the default config, else the first in space order, "
+                        "wins (default: 2; between 0 and 50)")
+    p.add_argument("--verify", action="store_true",
+                   help="re-measure the recorded winners against their ties and finalists on "
+                        "this GPU and report drift; rewrites nothing")
     p.add_argument("--no-isolate", action="store_true",
                    help="tune in this process (default: a supervised child process, restarted "
                         "without a candidate that kills its CUDA context)")
     p.set_defaults(run=guarded(run))
+
+
+def tie_band(text: str) -> TieBand:
+    """argparse type of --tie-band: a percent in (0, 50)."""
+    try:
+        return TieBand.parse(text)
+    except TieBandError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _fmt_us(v: Any) -> str:
@@ -98,9 +127,12 @@ def run(args: argparse.Namespace) -> int:
     if not entries:
         return fail("no kernel x workload to tune (declare workloads=[...])")
     fp = toolchain_for(store)
+    if args.verify:
+        return verify(entries, store, device, fp, args)
     opts = TuneOptions(retune=args.retune, compile_missing=args.compile_missing,
                        timeout_s=args.timeout, cap=project.cap,
-                       paths=[str(p) for p in project.paths], workers=args.workers)
+                       paths=[str(p) for p in project.paths], workers=args.workers,
+                       tie_band=args.tie_band.percent)
     quiet = bool(args.json)
 
     def emit(s: dict[str, Any]) -> None:
@@ -140,3 +172,35 @@ def run(args: argparse.Namespace) -> int:
               f"{out['compiles_during_measurement']}")
     sys.stdout.flush()
     return 0 if out["failed"] == 0 else 1
+
+
+def _verify_line(v: dict[str, Any]) -> str:
+    head = f"{v['status']:<10} {v['kernel']:<14}"
+    if v["status"] not in ("agrees", "drifted"):
+        return f"{head} {v.get('note', '')}"
+    change = v.get("time_change_pct")
+    return (f"{head} recorded {v['recorded']} on {v['recorded_on']}: "
+            f"{v['winner_slower_pct']:+.1f}% vs the fastest now {v['fastest']}"
+            + ("" if change is None else f"; {change:+.1f}% vs its recorded time"))
+
+
+def verify(entries: list, store: Any, device: Any, fp: str, args: argparse.Namespace) -> int:
+    """``--verify``: one line (or JSON item) per entry; exit 1 when a winner drifted."""
+    import torch
+
+    from ..tune.verify import verify_entry
+    out = []
+    with torch.cuda.device(device.index):
+        for e in entries:
+            v = {**verify_entry(e, store, device, fp, args.tie_band), "workload": e.label}
+            out.append(v)
+            if not args.json:
+                print(_verify_line(v), flush=True)
+    counts = {k: sum(v["status"] == k for v in out)
+              for k in ("agrees", "drifted", "unmeasured", "unrecorded")}
+    if args.json:
+        print_json({"gpu": device.name, "arch": device.arch, "toolchain": fp,
+                    "band": args.tie_band.to_json(), **counts, "entries": out})
+    else:
+        print(", ".join(f"{n} {k}" for k, n in counts.items()) + f" on {device.name}")
+    return 0 if counts["drifted"] == 0 and counts["unmeasured"] == 0 else 1

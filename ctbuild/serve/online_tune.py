@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..records import TuningRecord
 from ..space import Config
 from ..specs import Workload
 from .errors import KernelCallError
@@ -40,12 +39,12 @@ def tune_online(tuned: TunedKernel, ctx: RuntimeContext, w: Workload, *, device:
     snapshots = {name: w[name].clone() for name in tuned.restore}
     start = time.perf_counter()
     try:
-        rec = TuningRecord.from_json(tuning.tune_workload(
+        rec = tuning.tune_workload(
             # the serving store is a `cache.Store`; `KernelStore` names only what serving calls
             tuned, w, store=cast("Store | None", ctx.store), toolchain_fp=ctx.toolchain_fp,
             device=tuning.Device(device, arch, gpu, tuning.driver_version()),
             timeout_s=None, write=ctx.writable and record_key is not None,
-            stream=torch_stream(stream, device), served=served))
+            stream=torch_stream(stream, device), served=served)
     finally:
         for name, snap in snapshots.items():
             w[name].copy_(snap)

@@ -26,8 +26,9 @@ from ..declare import DEFAULT_CAP, TunedKernel
 from ..records import TuningRecord, stored_tuning
 from ..specs import Workload, describe
 from ..toolchain import toolchain_for
+from .choice import DEFAULT_BAND_PERCENT, TieBand
 from .recorded import recorded_workloads
-from .tuner import Device, context_ok, current_device, record_key, tune_workload
+from .tuner import Device, TuneSettings, context_ok, current_device, record_key, tune_workload
 
 if TYPE_CHECKING:
     from cache import Store
@@ -89,6 +90,11 @@ class TuneOptions:
     cap: int = DEFAULT_CAP
     paths: list[str] = field(default_factory=list)
     workers: int | None = None
+    #: the tie band in percent of the fastest mean (`ctbuild.tune.choice.TieBand`)
+    tie_band: float = DEFAULT_BAND_PERCENT
+
+    def settings(self) -> TuneSettings:
+        return TuneSettings(band=TieBand(self.tie_band))
 
 
 def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
@@ -132,11 +138,11 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
                                                     "config": cfg.to_json()})) \
                 if on_event else None
             try:
-                record = TuningRecord.from_json(tune_workload(
+                record = tune_workload(
                     e.kernel, e.workload, store=store, toolchain_fp=fp, device=device,
                     cap=opts.cap, timeout_s=opts.timeout_s,
                     exclude=(exclude or {}).get(e.index), pool=pool, on_candidate=cb,
-                    **workload_kwargs))
+                    settings=opts.settings(), **workload_kwargs)
                 status = "tuned" if record.config is not None else "failed"
                 s = summarize(e, status, record, rkey,
                               "" if status == "tuned" else "no candidate could be measured")

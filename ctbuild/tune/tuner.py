@@ -1,16 +1,23 @@
 """Measure precompiled candidates on this GPU and record the winners (``ctbuild tune``).
 
-The public entry points:
+`tune_workload(tuned, w, *, store, ...) -> TuningRecord` tunes one kernel x workload on the
+current GPU, in named steps:
 
-* `tune_workload(tuned, w, *, store, ...) -> record` -- tune one kernel x workload on the current
-  GPU with cuTile's own ``ct.tune.exhaustive_search`` (CUDA graph per sample, L2 flush, warm-ups,
-  95% CI convergence, first launch of every candidate in a timed subprocess), fed with kernels
-  whose CUBINs come from the cache (`ServedKernel`): nothing is compiled while measuring. ``w``
-  holds specs (random inputs are made) or the caller's real tensors (online tuning: the runtime's
-  ``CTBUILD_MODE=tune``). In-place arguments (``restore=``) are snapshotted once and restored
-  before every sample, accumulators (``reset_to_zero=``) zeroed; afterwards the caller's tensors
-  are as after ONE launch of the winner on the original inputs. The record is written to the
-  store (unless ``write=False``) and returned.
+1. `plan_candidates`: the configs to measure and their compile keys (exclusions, configs that
+   cannot be planned and CUBINs missing from the cache are failures of their own);
+2. screening (`Bench.screen`): cuTile's own ``ct.tune.exhaustive_search``, fed with kernels
+   whose CUBINs come from the cache (`ServedKernel`): nothing is compiled while measuring;
+3. the runoff (`ctbuild.tune.runoff`): the finalists re-measured interleaved, round by round,
+   until they separate or the budget ends;
+4. the choice (`ctbuild.tune.choice`): ties within the band of the fastest are decided by a fixed
+   rule (the default config if tied, else the first in space order);
+5. for a `Dim` bucket, the regret of the winner at sizes inside the bucket (`ctbuild.tune.regret`);
+6. the record, written to the store unless ``write=False``.
+
+``w`` holds specs (random inputs are made) or the caller's real tensors (online tuning: the
+runtime's ``CTBUILD_MODE=tune``). In-place arguments (``restore=``) are snapshotted once and
+restored before every sample, accumulators (``reset_to_zero=``) zeroed; afterwards the caller's
+tensors are as after ONE launch of the winner on the original inputs.
 The CLI's loop over kernels x workloads lives in `ctbuild.tune.session`, the
 ``--compile-missing`` pool in `ctbuild.build.compile_pool`.
 """
@@ -22,7 +29,7 @@ import json
 import logging
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .. import cutile
@@ -36,7 +43,11 @@ from ..records import TuningRecord
 from ..space import Config
 from ..specs import Workload, spec_to_json
 from ..toolchain import toolchain_for
+from .choice import Choice, TieBand, Timing, choose
 from .inputs import has_specs, make_inputs, specs_of
+from .measuring import Bench, config_key
+from .regret import bucket_regret, summary
+from .runoff import RunoffBudget, RunoffResult, finalists, runoff
 
 if TYPE_CHECKING:
     from cache import Store
@@ -115,30 +126,152 @@ class CompileCounter:
         return self.tileiras + self.jit
 
 
-# ---- in-place arguments ------------------------------------------------------------------
-class InPlace:
-    """Snapshot ``restore=`` arguments once; before every sample restore them and zero the
-    ``reset_to_zero=`` ones. Restoring writes into the caller's own tensors (same pointers, so
-    the launch signature and compile key do not change)."""
+# ---- step 1: what to measure ----------------------------------------------------------------
+@dataclass
+class CandidatePlan:
+    """The configs of one key to measure, in space order, with their compile keys."""
+    spec: Workload
+    space: list[Config]
+    default: Config
+    total: int
+    pruned: int
+    keys: dict[Config, str] = field(default_factory=dict)
+    measurable: list[Config] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
-    def __init__(self, tuned: TunedKernel, w: Workload) -> None:
-        self.restore = {n: w[n] for n in tuned.restore}
-        self.zero = {n: w[n] for n in tuned.reset_to_zero}
-        self.snapshot = {n: t.clone() for n, t in self.restore.items()}
 
-    def __bool__(self) -> bool:
-        return bool(self.restore or self.zero)
+def plan_candidates(tuned: TunedKernel, spec: Workload, arch: str, fp: str, cap: int,
+                    configs: Sequence[Config] | None, exclude: Mapping[str, str]
+                    ) -> CandidatePlan:
+    """The candidates of ``tuned`` for ``spec``: planned keys, exclusions as failures."""
+    cands = tuned.candidates(spec, Arch(arch), cap)
+    space = list(configs) if configs is not None else list(cands.kept)
+    plan = CandidatePlan(spec, space, cands.default, cands.total, len(cands.pruned))
+    for cfg in space:
+        try:
+            plan.keys[cfg] = job_for(tuned, cfg, spec, arch, fp).key
+        except Exception as exc:  # noqa: BLE001 - a config that cannot be planned fails alone
+            plan.failures.append({"config": cfg.to_json(), "error": f"plan: {exc}"})
+    for cfg in plan.keys:
+        if reason := exclude.get(config_key(cfg)):
+            plan.failures.append({"config": cfg.to_json(), "error": reason})
+        else:
+            plan.measurable.append(cfg)
+    return plan
 
-    def prepare(self) -> None:
-        for n, t in self.restore.items():
-            t.copy_(self.snapshot[n])
-        for t in self.zero.values():
-            t.zero_()
+
+def arrivals(plan: CandidatePlan, tuned: TunedKernel, store: Store | None, arch: str, fp: str,
+             pool: CompilePool | None, served: bool) -> tuple[Callable[[], Iterator[Config]], int]:
+    """(the order configs become measurable in, how many will). Without a pool a config whose
+    CUBIN is not cached is a failure; with one it is compiled and measured when it lands."""
+    missing = [] if served or store is None else [
+        c for c in plan.measurable if not store.has_compile(plan.keys[c])]
+    if pool is not None:
+        for c in missing:
+            pool.submit(job_for(tuned, c, plan.spec, arch, fp))
+        by_key: dict[str, list[Config]] = {}
+        for c in plan.measurable:
+            by_key.setdefault(plan.keys[c], []).append(c)
+
+        def pooled() -> Iterator[Config]:
+            for k in pool.arrivals(plan.keys[c] for c in plan.measurable):
+                yield from by_key[k]
+        return pooled, len(plan.measurable)
+    for c in missing:
+        plan.failures.append({"config": c.to_json(), "error": "missing: no CUBIN in the cache "
+                              f"(compile key {plan.keys[c]}); run ctbuild precompile or pass "
+                              "--compile-missing"})
+    ready = [c for c in plan.measurable if c not in set(missing)]
+    return (lambda: iter(ready)), len(ready)
+
+
+# ---- steps 3-4: runoff and choice ----------------------------------------------------------
+@dataclass(frozen=True)
+class Decision:
+    """The choice, and the runoff it was made on (None: fewer than two finalists)."""
+    choice: Choice
+    runoff: RunoffResult | None
+    finalists: tuple[Config, ...]
+
+
+def decide(bench: Bench, screened: Sequence[Timing], plan: CandidatePlan, band: TieBand,
+           budget: RunoffBudget) -> tuple[Decision, list[dict[str, Any]]]:
+    """Run the finalists off and apply the tie rule: (decision, runoff failures)."""
+    final = finalists(screened, band, plan.default)
+    configs = tuple(t.config for t in final)
+    if len(final) < 2:
+        return Decision(choose(screened, plan.space, plan.default, band), None, configs), []
+    result = runoff(configs, bench.sample, band, budget)
+    failures = [{"config": c.to_json(), "error": why} for c, why in result.failures]
+    timings = result.timings if len(result.timings) > 1 else tuple(
+        t for t in final if t.config not in {c for c, _ in result.failures})
+    return Decision(choose(timings, plan.space, plan.default, band), result, configs), failures
+
+
+# ---- step 5: regret inside a Dim bucket ----------------------------------------------------
+def regret_of(tuned: TunedKernel, plan: CandidatePlan, decision: Decision,
+              timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand
+              ) -> dict[str, Any] | None:
+    """The winner's regret inside its `Dim` bucket (None for a static workload)."""
+    bucket = tuned.buckets.get(plan.spec)
+    if bucket is None:
+        return None
+    winner = decision.choice.winner.config
+    ranked = sorted(decision.runoff.timings if decision.runoff else decision.choice.ties,
+                    key=lambda t: t.mean_us)
+    regrets, problems = bucket_regret(bucket, winner, [t.config for t in ranked], timer_for,
+                                      band)
+    return {"bucket": bucket.to_json(), **summary(regrets, problems)}
+
+
+# ---- launching ------------------------------------------------------------------------------
+class Benches:
+    """`Bench` es of one kernel on one GPU that share one served kernel per config (each
+    loads its CUBINs once, whatever the sizes they are launched at)."""
+
+    def __init__(self, tuned: TunedKernel, store: Store | None, fp: str, device: Device,
+                 stream: Any, input_device: Any, seed: int,
+                 served: Callable[[Config], ServedKernel] | None,
+                 on_candidate: Callable[[Config], None] | None) -> None:
+        import torch
+
+        from ..serve.served_kernel import CubinSource, ServedKernel
+        self.tuned, self.seed, self.on_candidate = tuned, seed, on_candidate
+        self.on_gpu = torch.cuda.is_available()
+        self.stream = stream if stream is not None else torch.cuda.current_stream(device.index)
+        self.grid_dev = cuda_device(device.index) if self.on_gpu else \
+            nominal_device(device.arch)
+        self.inputs_at = input_device or f"cuda:{device.index}"
+        source = CubinSource(store, fp)
+        self._make = served or (lambda cfg: ServedKernel(tuned, cfg, source))
+        self._kernels: dict[Config, ServedKernel] = {}
+
+    def kernel_for(self, cfg: Config) -> ServedKernel:
+        if cfg not in self._kernels:
+            self._kernels[cfg] = self._make(cfg)
+        return self._kernels[cfg]
+
+    def on(self, inputs: Workload) -> Bench:
+        """A bench on these real inputs."""
+        return Bench(self.tuned, inputs, self.stream, self.grid_dev, self.kernel_for,
+                     self.on_candidate)
+
+    def on_spec(self, spec: Workload) -> Bench:
+        """A bench on random inputs made from specs (or the kernel's ``inputs`` hook)."""
+        return self.on(make_inputs(self.tuned, spec, self.inputs_at, self.seed))
 
 
 # ---- one kernel x workload -----------------------------------------------------------------
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class TuneSettings:
+    """How carefully to measure: the tie band, the runoff budget, whether to time regret."""
+    band: TieBand = field(default_factory=TieBand)
+    budget: RunoffBudget = field(default_factory=RunoffBudget)
+    regret: bool = True
 
 
 def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | None,
@@ -148,7 +281,8 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
                   pool: CompilePool | None = None, write: bool = True, seed: int = 0,
                   on_candidate: Callable[[Config], None] | None = None,
                   stream: Any = None, input_device: Any = None,
-                  served: Callable[[Config], ServedKernel] | None = None) -> dict[str, Any]:
+                  served: Callable[[Config], ServedKernel] | None = None,
+                  settings: TuneSettings | None = None) -> TuningRecord:
     """Tune one kernel x workload on this GPU from cached CUBINs; return (and store) the record.
 
     Args:
@@ -171,192 +305,115 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
             torch stream, ``cuda:<index>``).
         served: the kernel object to launch per config (default: a `ServedKernel` reading
             ``store``). The runtime passes its own, which JIT-compiles a missing CUBIN under its
-            miss policy; then no candidate is reported missing. ``store`` may then be None
-            (nothing is read from or written to it).
+            miss policy; then no candidate is reported missing. ``store`` may then be None.
+        settings: the tie band, runoff budget and regret switch (default: `TuneSettings()`).
 
-    Returns the record as stored (`ctbuild.records.TuningRecord.to_json`; read it back with
-    ``TuningRecord.from_json``); its ``config`` is None when no candidate could be measured,
-    and such a record is not written.
+    Returns the record; its ``config`` is None when no candidate could be measured, and such a
+    record is not written.
     """
-    import cuda.tile as ct
     import torch
 
-    from ..serve.served_kernel import CubinSource, ServedKernel
-
     started = time.perf_counter()
+    settings = settings or TuneSettings()
     device = device or current_device()
+    if served is None and store is None:
+        raise ValueError("tune_workload needs a store to read CUBINs from, or served=")
     fp = toolchain_fp or (toolchain_for(store) if store is not None else "")
     real = has_specs(w) is False and len(w) > 0
     spec = specs_of(w) if real else Workload(dict(w))
-    arch = Arch(device.arch)
-    cands = tuned.candidates(spec, arch, cap)
-    space = list(configs) if configs is not None else list(cands.kept)
-    default = cands.default
-    exclude = dict(exclude or {})
-
-    failures: list[dict[str, Any]] = []
-    keys: dict[Config, str] = {}
-    for cfg in space:
-        try:
-            keys[cfg] = job_for(tuned, cfg, spec, device.arch, fp).key
-        except Exception as exc:  # noqa: BLE001 - a config that cannot be planned fails alone
-            failures.append({"config": cfg.to_json(), "error": f"plan: {exc}"})
-    measurable = []
-    for cfg in keys:
-        reason = exclude.get(json.dumps(cfg.to_json(), sort_keys=True))
-        if reason:
-            failures.append({"config": cfg.to_json(), "error": reason})
-        else:
-            measurable.append(cfg)
-
-    if served is None and store is None:
-        raise ValueError("tune_workload needs a store to read CUBINs from, or served=")
-    missing = [] if served is not None or store is None else [
-        c for c in measurable if not store.has_compile(keys[c])]
-    compiled: list[str] = []
-    if pool is not None:
-        for c in missing:
-            pool.submit(job_for(tuned, c, spec, device.arch, fp))
-        by_key: dict[str, list[Config]] = {}
-        for c in measurable:
-            by_key.setdefault(keys[c], []).append(c)
-
-        def order() -> Iterator[Config]:
-            for k in pool.arrivals(keys[c] for c in measurable):
-                yield from by_key[k]
-        missing_set = set()
-    else:
-        missing_set = set(missing)
-        for c in missing:
-            failures.append({"config": c.to_json(), "error": "missing: no CUBIN in the cache "
-                             f"(compile key {keys[c]}); run ctbuild precompile or pass "
-                             "--compile-missing"})
-
-        def order() -> Iterator[Config]:
-            yield from (c for c in measurable if c not in missing_set)
-
-    inputs = Workload(dict(w)) if real else make_inputs(
-        tuned, spec, input_device or f"cuda:{device.index}", seed)
-    inplace = InPlace(tuned, inputs)
-    source = CubinSource(store, fp)
-    kernels: dict[Config, ServedKernel] = {}
-
-    last: list[Config | None] = [None]
-
-    def kernel_for(cfg: Config) -> ServedKernel:
-        if cfg not in kernels:
-            kernels[cfg] = served(cfg) if served is not None else ServedKernel(tuned, cfg, source)
-        return kernels[cfg]
-
-    def args_for(cfg: Config) -> tuple:
-        if on_candidate is not None and cfg != last[0]:
-            last[0] = cfg
-            on_candidate(cfg)  # before every launch of a new candidate: who to blame on a crash
-        if inplace:
-            inplace.prepare()
-        return tuned.kernel_args(cfg, inputs)
-
-    class _Lazy(Sequence):
-        """exhaustive_search iterates its space once; yield configs as their CUBINs arrive."""
-        def __init__(self, n: int) -> None:
-            self.n = n
-
-        def __len__(self) -> int:
-            return self.n
-
-        def __getitem__(self, i: int) -> Config:  # type: ignore[override]  # never used
-            raise IndexError(i)
-
-        def __iter__(self) -> Iterator[Config]:
-            return order()
-
-    stream = stream if stream is not None else torch.cuda.current_stream(device.index)
+    plan = plan_candidates(tuned, spec, device.arch, fp, cap, configs, dict(exclude or {}))
+    order, n_measure = arrivals(plan, tuned, store, device.arch, fp, pool, served is not None)
+    benches = Benches(tuned, store, fp, device, stream, input_device, seed, served,
+                      on_candidate)
+    bench = benches.on(Workload(dict(w))) if real else benches.on_spec(spec)
     counter = CompileCounter()
-    result = None
-    search_error = None
-    n_measure = len(measurable) - len(missing_set)
-    t_measure = time.perf_counter()
-    on_gpu = torch.cuda.is_available()
-    grid_dev = cuda_device(device.index) if on_gpu else nominal_device(device.arch)
-    with (torch.cuda.device(device.index) if on_gpu else contextlib.nullcontext()), \
+    with (torch.cuda.device(device.index) if benches.on_gpu else contextlib.nullcontext()), \
             counter.active():
-        if n_measure > 0:
-            try:
-                result = ct.tune.exhaustive_search(
-                    _Lazy(n_measure), stream, lambda cfg: tuned.grid(cfg, inputs, grid_dev), kernel_for,
-                    args_for, None, quiet=True, single_run_timeout_sec=timeout_s)
-            except Exception as exc:  # noqa: BLE001 - every candidate failed (ValueError)
-                search_error = f"{type(exc).__name__}: {exc}"
+        t_measure = time.perf_counter()
+        screened, failed, error = bench.screen(n_measure, order, timeout_s) if n_measure else \
+            ([], [], None)
+        decision = None
+        regret = None
+        phases: dict[str, float] = {"screen": time.perf_counter() - t_measure}
+        if screened:
+            t = time.perf_counter()
+            decision, runoff_failed = decide(bench, screened, plan, settings.band,
+                                             settings.budget)
+            phases["runoff"] = time.perf_counter() - t
+            failed += runoff_failed
+            if settings.regret and not real:
+                t = time.perf_counter()
+                regret = regret_of(tuned, plan, decision,
+                                   lambda cw: benches.on_spec(cw).sample, settings.band)
+                phases["regret"] = time.perf_counter() - t
+            bench.launch_once(decision.choice.winner.config)
         measure_s = time.perf_counter() - t_measure
-        if pool is not None:
-            compiled = [keys[c] for c in measurable if keys[c] in pool.compiled]
-            for c in measurable:
-                if keys[c] in pool.errors:
-                    failures.append({"config": c.to_json(),
-                                     "error": f"compile: {pool.errors[keys[c]]}"})
-        if result is not None:
-            for cfg, etype, msg in result.failures:
-                failures.append({"config": cfg.to_json(), "error": _explain(etype, msg)})
-        elif search_error is not None:
-            # exhaustive_search raises with the first failure only; rerun would be wasteful,
-            # so record every measurable config as failed with that message.
-            for c in measurable:
-                if c not in missing_set and not any(f["config"] == c.to_json() for f in failures):
-                    failures.append({"config": c.to_json(), "error": search_error})
-
-        winner = None
-        if result is not None:
-            winner = result.best.config
-            # Leave the caller-visible tensors as after one clean launch of the winner.
-            inplace.prepare()
-            ct.launch(stream, tuned.grid(winner, inputs, grid_dev), kernel_for(winner),
-                      tuned.kernel_args(winner, inputs))
-            stream.synchronize()
-
-    measurements = sorted(result.successes, key=lambda m: m.mean_us) if result else []
-    by_cfg = {m.config: m for m in measurements}
-    dflt = by_cfg.get(default)
-    record = TuningRecord(
-        kernel=tuned.name,
-        module=tuned.module,
-        kernel_fp=tuned.fingerprint,
-        arch=device.arch,
-        gpu=device.name,
-        driver=device.driver,
-        toolchain=fp,
-        tuning_key=tuned.tuning_key(spec),
-        workload={n: spec_to_json(v) for n, v in spec.items()},
-        config=winner.to_json() if winner is not None else None,
-        compile_key=keys.get(winner) if winner is not None else None,
-        mean_us=result.best.mean_us if result else None,
-        ci_us=result.best.error_margin_us if result else None,
-        default={"config": default.to_json(), "mean_us": dflt.mean_us if dflt else None,
-                 "ci_us": dflt.error_margin_us if dflt else None},
-        candidates=[{"config": m.config.to_json(), "mean_us": m.mean_us,
-                     "ci_us": m.error_margin_us, "samples": m.num_samples}
-                    for m in measurements],
-        failures=failures,
-        space={"total": cands.total, "pruned": len(cands.pruned), "kept": len(space)},
-        compiled_during_tune=len(compiled),
-        compiles_during_measurement=counter.total,
-        measure_seconds=round(measure_s, 3),
-        seconds=round(time.perf_counter() - started, 3),
-        source="online" if real else "workload",
-        tuned_at=_now(),
-    ).to_json()
-    if write and winner is not None and store is not None:
-        store.put_tuning(record_key(tuned, spec, device, fp), record)
+    plan.failures += failed + _compile_failures(plan, pool) + _all_failed(plan, error, pool)
+    record = _record(tuned, plan, device, fp, screened, decision, regret, settings, real,
+                     compiled=_compiled(plan, pool), compiles=counter.total,
+                     measure_s=measure_s, seconds=time.perf_counter() - started, phases=phases)
+    if write and decision is not None and store is not None:
+        store.put_tuning(record_key(tuned, spec, device, fp), record.to_json())
     return record
 
 
-def _explain(etype: type, msg: str) -> str:
-    text = f"{etype.__name__}: {msg.strip()}"
-    if "benchmark worker exited unexpectedly" in msg:
-        return ("fault: the candidate's first launch killed cuTile's benchmark subprocess "
-                "(illegal address, trap or abort; its stderr has the CUDA error) -- " + text)
-    if etype.__name__ == "TileLaunchTimeoutError":
-        return "timeout: " + text
-    return text
+def _compiled(plan: CandidatePlan, pool: CompilePool | None) -> list[str]:
+    return [] if pool is None else [plan.keys[c] for c in plan.measurable
+                                    if plan.keys[c] in pool.compiled]
+
+
+def _compile_failures(plan: CandidatePlan, pool: CompilePool | None) -> list[dict[str, Any]]:
+    if pool is None:
+        return []
+    return [{"config": c.to_json(), "error": f"compile: {pool.errors[plan.keys[c]]}"}
+            for c in plan.measurable if plan.keys[c] in pool.errors]
+
+
+def _all_failed(plan: CandidatePlan, error: str | None, pool: CompilePool | None
+                ) -> list[dict[str, Any]]:
+    """When the search raised (every candidate failed, with the first failure's text), each
+    measurable config not failed otherwise is recorded with that text."""
+    if error is None:
+        return []
+    known = {json.dumps(f["config"], sort_keys=True) for f in plan.failures}
+    return [{"config": c.to_json(), "error": error} for c in plan.measurable
+            if config_key(c) not in known]
+
+
+def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str,
+            screened: Sequence[Timing], decision: Decision | None, regret: dict[str, Any] | None,
+            settings: TuneSettings, real: bool, *, compiled: list[str], compiles: int,
+            measure_s: float, seconds: float, phases: dict[str, float]) -> TuningRecord:
+    """The tuning record of one key (``config`` None when nothing could be measured)."""
+    by_cfg = {t.config: t for t in screened}
+    dflt = by_cfg.get(plan.default)
+    choice = decision.choice if decision is not None else None
+    winner = choice.winner if choice is not None else None
+    return TuningRecord(
+        kernel=tuned.name, module=tuned.module, kernel_fp=tuned.fingerprint,
+        arch=device.arch, gpu=device.name, driver=device.driver, toolchain=fp,
+        tuning_key=tuned.tuning_key(plan.spec),
+        workload={n: spec_to_json(v) for n, v in plan.spec.items()},
+        config=winner.config.to_json() if winner is not None else None,
+        compile_key=plan.keys.get(winner.config) if winner is not None else None,
+        mean_us=winner.mean_us if winner is not None else None,
+        ci_us=winner.ci_us if winner is not None else None,
+        default={"config": plan.default.to_json(), "mean_us": dflt.mean_us if dflt else None,
+                 "ci_us": dflt.ci_us if dflt else None},
+        candidates=[t.to_json() for t in sorted(screened, key=lambda t: t.mean_us)],
+        failures=plan.failures,
+        space={"total": plan.total, "pruned": plan.pruned, "kept": len(plan.space)},
+        choice=None if choice is None else {
+            "rule": choice.rule, "band": settings.band.to_json(),
+            "fastest": choice.fastest.config.to_json(),
+            "ties": [t.to_json() for t in choice.ties]},
+        runoff=None if decision is None or decision.runoff is None else {
+            **decision.runoff.to_json(), "budget": settings.budget.to_json()},
+        regret=regret,
+        compiled_during_tune=len(compiled), compiles_during_measurement=compiles,
+        measure_seconds=round(measure_s, 3), seconds=round(seconds, 3),
+        phase_seconds={k: round(v, 3) for k, v in phases.items()},
+        source="online" if real else "workload", tuned_at=_now())
 
 
 def context_ok() -> bool:

@@ -1,0 +1,186 @@
+"""Two independent tunes of the same keys on one GPU: do they pick the same winners?
+
+    python benchmarks/tune_reproducibility.py [--config C ...] [--tie-band 2] [--json FILE]
+
+1. Precompile every planned candidate of each project (default: the examples and the coverage
+   fixture's `Dim` kernels) for this GPU's arch, in a local process pool (no Ray), into cache A;
+   copy it to cache B (the same CUBINs, no tuning records).
+2. ``ctbuild tune`` each project into A, then into B (fresh processes, timed).
+3. Compare the records key by key and print, in one run:
+   - the agreement of the winners (the tie rule's), and of the fastest screened candidate
+     (what the tuner picked before the tie rule and the runoff), for comparison;
+   - the regret of every disagreement: each run's winner timed in the other run's data
+     (its runoff times where both configs were finalists there, else its screening times);
+   - each run's tune time, and the part spent screening (what tuning cost before the runoff).
+
+Targets (an H100 or H200): agreement of at least 98% of keys, every disagreement within the tie
+band, tune time at most 1.5x the screening alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (str(ROOT), str(ROOT / "tests")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+DEFAULT_CONFIGS = [ROOT / "examples" / "ctbuild.toml",
+                   ROOT / "tests" / "fixtures" / "coverage_project" / "ctbuild.toml"]
+
+
+def precompile_all(cache: Path, configs: list[Path], arch: str) -> None:
+    """Every planned candidate of every project for ``arch``, in a local pool (fork, before
+    CUDA is initialised in this process)."""
+    from gpu_runtime_examples import precompile
+
+    from cache import Store
+    from ctbuild.project import load_project
+    store = Store(cache)
+    for config in configs:
+        project = load_project(config)
+        for p in project.paths:
+            sys.path.insert(0, str(p))
+        precompile(store, project.kernels(), arch=arch)
+
+
+def tune(config: Path, cache: Path, band: str) -> tuple[float, dict[str, Any]]:
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "ctbuild", "tune", "--config", str(config),
+                        "--cache", str(cache), "--json", "--tie-band", band],
+                       capture_output=True, text=True, cwd=ROOT)
+    seconds = time.perf_counter() - start
+    if r.returncode not in (0, 1):
+        sys.exit(f"tune failed ({r.returncode}): {r.stderr[-2000:]}")
+    return seconds, json.loads(r.stdout)
+
+
+def records(cache: Path) -> dict[str, dict[str, Any]]:
+    """Tuning records by (kernel, tuning key) text."""
+    from cache import Store
+    return {json.dumps([rec["kernel"], rec["tuning_key"]]): rec
+            for _, rec in Store(cache).tuning_records() if rec.get("config") is not None}
+
+
+def _time_in(rec: dict[str, Any], cfg: dict[str, Any], other: dict[str, Any]
+             ) -> tuple[float, float, str] | None:
+    """(time of ``cfg``, time of ``other``) in one record's data: runoff times where both ran
+    off, else screening times."""
+    for source, rows in (("runoff", (rec.get("runoff") or {}).get("finalists", [])),
+                         ("screen", rec.get("candidates", []))):
+        by = {json.dumps(r["config"], sort_keys=True): r["mean_us"] for r in rows}
+        a, b = by.get(json.dumps(cfg, sort_keys=True)), by.get(json.dumps(other, sort_keys=True))
+        if a and b:
+            return a, b, source
+    return None
+
+
+def _fastest_screened(rec: dict[str, Any]) -> str:
+    return json.dumps(min(rec["candidates"], key=lambda c: c["mean_us"])["config"],
+                      sort_keys=True)
+
+
+def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    keys = sorted(set(a) & set(b))
+    agree = old_agree = 0
+    regrets: list[dict[str, Any]] = []
+    for k in keys:
+        ra, rb = a[k], b[k]
+        old_agree += _fastest_screened(ra) == _fastest_screened(rb)
+        if ra["config"] == rb["config"]:
+            agree += 1
+            continue
+        worst = 0.0
+        where = []
+        for mine, theirs, rec in ((ra, rb, rb), (rb, ra, ra)):
+            found = _time_in(rec, mine["config"], theirs["config"])
+            if found:
+                t_mine, t_theirs, source = found
+                worst = max(worst, 100 * (t_mine / t_theirs - 1))
+                where.append(source)
+        regrets.append({"key": k, "a": ra["config"], "b": rb["config"],
+                        "regret_pct": round(worst, 3), "timed_in": where,
+                        "rule_a": (ra.get("choice") or {}).get("rule"),
+                        "rule_b": (rb.get("choice") or {}).get("rule")})
+    return {"keys": len(keys), "agree": agree, "agree_pct": 100 * agree / max(1, len(keys)),
+            "fastest_screened_agree_pct": 100 * old_agree / max(1, len(keys)),
+            "disagreements": regrets}
+
+
+def screening_seconds(recs: dict[str, dict[str, Any]]) -> float:
+    return sum((r.get("phase_seconds") or {}).get("screen", 0.0) for r in recs.values())
+
+
+def phase_total(recs: dict[str, dict[str, Any]], phases: tuple[str, ...] = ("screen", "runoff",
+                                                                             "regret")) -> float:
+    return sum((r.get("phase_seconds") or {}).get(p, 0.0) for r in recs.values() for p in phases)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", action="append", type=Path,
+                    help="project(s) to tune (default: examples + the coverage fixture)")
+    ap.add_argument("--tie-band", default="2")
+    ap.add_argument("--arch", default="sm_90",
+                    help="this GPU's arch (asked before CUDA starts: the pool forks)")
+    ap.add_argument("--workdir", type=Path, help="keep the caches here (default: a temp dir)")
+    ap.add_argument("--json", type=Path, help="also write the numbers here")
+    args = ap.parse_args()
+    configs = args.config or DEFAULT_CONFIGS
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="ctbuild-repro-"))
+    arch = args.arch
+    cache_a, cache_b = work / "a", work / "b"
+    precompile_all(cache_a, configs, arch)
+    shutil.copytree(cache_a, cache_b)
+    times: dict[str, float] = {"a": 0.0, "b": 0.0}
+    gpu = ""
+    for run, cache in (("a", cache_a), ("b", cache_b)):
+        for config in configs:
+            seconds, out = tune(config, cache, args.tie_band)
+            times[run] += seconds
+            gpu = out["gpu"]
+    ra, rb = records(cache_a), records(cache_b)
+    result = compare(ra, rb)
+    regrets = [d["regret_pct"] for d in result["disagreements"]]
+    result.update({
+        "gpu": gpu, "tie_band_pct": float(args.tie_band.rstrip("%")),
+        "tune_seconds": times,
+        "measure_seconds": {"a": phase_total(ra), "b": phase_total(rb)},
+        "added_seconds": {"a": phase_total(ra, ("runoff", "regret")),
+                          "b": phase_total(rb, ("runoff", "regret"))},
+        "runoff_seconds": {"a": phase_total(ra, ("runoff",)), "b": phase_total(rb, ("runoff",))},
+        "screen_seconds": {"a": screening_seconds(ra), "b": screening_seconds(rb)},
+        "regret_median_pct": statistics.median(regrets) if regrets else 0.0,
+        "regret_max_pct": max(regrets, default=0.0)})
+    print(f"GPU: {gpu}; {result['keys']} keys; tie band {args.tie_band}%")
+    print(f"winner agreement: {result['agree']}/{result['keys']} "
+          f"({result['agree_pct']:.1f}%); fastest-screened agreement (no tie rule, no runoff): "
+          f"{result['fastest_screened_agree_pct']:.1f}%")
+    for d in result["disagreements"]:
+        print(f"  differs: {d['key']}  a={d['a']} ({d['rule_a']})  b={d['b']} ({d['rule_b']})  "
+              f"regret {d['regret_pct']:.2f}% (timed in {', '.join(d['timed_in']) or '-'})")
+    print(f"regret of disagreements: median {result['regret_median_pct']:.2f}%, "
+          f"max {result['regret_max_pct']:.2f}%")
+    for run in ("a", "b"):
+        m, s = result["measure_seconds"][run], result["screen_seconds"][run]
+        added, runoff_s = result["added_seconds"][run], result["runoff_seconds"][run]
+        wall = times[run]
+        print(f"run {run}: tune {wall:.1f} s wall, {wall / (wall - added):.2f}x the same tune "
+              f"without runoff and regret ({wall - added:.1f} s); measuring {m:.1f} s: "
+              f"screening {s:.1f} s, runoff {runoff_s:.1f} s, regret {added - runoff_s:.1f} s")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The tie rule, the runoff and the regret sizes: pure functions of measurements, checked with
+simulated GPUs whose clocks drift (the GPU tests and benchmarks/tune_reproducibility.py measure
+real ones)."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from ctbuild.dims import Dim, buckets
+from ctbuild.space import Config
+from ctbuild.specs import Tensor, Workload
+from ctbuild.tune.choice import (
+    RULE_DEFAULT,
+    RULE_FASTEST,
+    RULE_FIRST,
+    TieBand,
+    TieBandError,
+    Timing,
+    choose,
+)
+from ctbuild.tune.regret import interior_sizes
+from ctbuild.tune.runoff import RunoffBudget, decided, finalists, round_timings, runoff
+
+
+def cfg(tile: int) -> Config:
+    return Config({"TILE": tile}, "k")
+
+
+SPACE = [cfg(t) for t in (64, 128, 256, 512)]
+
+
+def timing(tile: int, mean: float, ci: float = 0.1) -> Timing:
+    return Timing(cfg(tile), mean, ci, 10)
+
+
+def test_tie_rule_default_then_space_order_then_fastest():
+    band = TieBand(2.0)
+    # 512 is fastest; 256 within 2%; 128 outside the band with a CI that does not reach
+    ts = [timing(64, 130), timing(128, 104, 0.5), timing(256, 101.5), timing(512, 100)]
+    c = choose(ts, SPACE, cfg(256), band)
+    assert (c.winner.config, c.rule, c.fastest.config) == (cfg(256), RULE_DEFAULT, cfg(512))
+    assert [t.config for t in c.ties] == [cfg(256), cfg(512)]          # in space order
+    c = choose(ts, SPACE, cfg(64), band)                                 # default not tied
+    assert (c.winner.config, c.rule) == (cfg(256), RULE_FIRST)
+    # a CI that overlaps the fastest's is a tie too, even beyond the band
+    wide = [timing(128, 104, 4.0), timing(512, 100)]
+    assert choose(wide, SPACE, None, band).winner.config == cfg(128)
+    alone = [timing(64, 130), timing(512, 100)]
+    assert choose(alone, SPACE, cfg(64), band).rule == RULE_FASTEST
+
+
+@pytest.mark.parametrize("text", ["0", "50", "-1", "75%", "two"])
+def test_tie_band_outside_0_50_is_refused(text):
+    with pytest.raises(TieBandError, match="tie band"):
+        TieBand.parse(text)
+
+
+def test_tie_band_parses_percent():
+    assert TieBand.parse("2%").percent == 2.0 and TieBand.parse(" 0.5 ").factor == 1.005
+
+
+class DriftingGpu:
+    """True times per config, a clock that drifts by up to 15% over the run and 1% noise."""
+
+    def __init__(self, true: dict[Config, float], seed: int) -> None:
+        self.true, self.rng, self.t = true, random.Random(seed), 0
+
+    def sample(self, c: Config) -> float:
+        self.t += 1
+        clock = 1.0 + 0.15 * math.sin(self.t / 40.0)
+        return self.true[c] * clock * (1 + self.rng.gauss(0, 0.01))
+
+
+def test_runoff_cancels_drift_and_two_runs_agree():
+    """Four near-equal configs and one 6% slower: measured one after another under the drift,
+    their order is the clock's; interleaved, every run decides the same ties and winner."""
+    true = {cfg(64): 100.0, cfg(128): 100.5, cfg(256): 101.0, cfg(512): 106.0}
+    winners = set()
+    for seed in range(6):
+        gpu = DriftingGpu(true, seed)
+        result = runoff(list(true), gpu.sample, TieBand(2.0), RunoffBudget(max_seconds=60))
+        c = choose(result.timings, SPACE, None, TieBand(2.0))
+        assert cfg(512) not in [t.config for t in c.ties]
+        winners.add(c.winner.config)
+    assert winners == {cfg(64)}
+
+
+def test_runoff_drops_a_failing_finalist():
+    def sample(c: Config) -> float:
+        if c == cfg(128):
+            raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS")
+        return {64: 10.0, 256: 20.0}[c.TILE]
+    result = runoff([cfg(64), cfg(128), cfg(256)], sample, TieBand(2.0))
+    assert [c for c, _ in result.failures] == [cfg(128)]
+    assert {t.config for t in result.timings} == {cfg(64), cfg(256)}
+    assert result.stopped == "decided" and result.rounds == 5
+
+
+def test_round_timings_and_decided():
+    rounds = [{cfg(64): 10.0 * k, cfg(128): 20.0 * k} for k in (1.0, 1.1, 0.9)]
+    ts = {t.config: t for t in round_timings(rounds)}
+    assert ts[cfg(128)].mean_us / ts[cfg(64)].mean_us == pytest.approx(2.0)
+    assert ts[cfg(64)].ci_us == pytest.approx(0.0, abs=1e-9)           # drift cancelled
+    assert decided(list(ts.values()), TieBand(2.0))
+    close = [timing(64, 100, 1.5), timing(128, 101, 1.5)]                 # could be either
+    assert not decided(close, TieBand(2.0))
+
+
+def test_finalists_keep_the_near_ones_and_the_default():
+    screened = [timing(64, 100), timing(128, 105), timing(256, 150), timing(512, 104)]
+    got = finalists(screened, TieBand(2.0), cfg(128), limit=2)
+    assert [t.config for t in got] == [cfg(64), cfg(128)]               # default replaces 512
+    assert cfg(256) not in [t.config for t in finalists(screened, TieBand(2.0), None)]
+
+
+def test_interior_sizes_lower_bound_and_geometric_midpoints():
+    w = Workload({"X": Tensor((Dim("M", 1, 4096), 64), "float16")})
+    by_top = {b.to_json()["M"]: b for b in buckets(w)}
+    assert interior_sizes(by_top[1024]) == [{"M": 513}, {"M": 646}, {"M": 813}]
+    assert interior_sizes(by_top[1]) == []                               # one size only
