@@ -51,7 +51,10 @@ def test_report_renders_chart_winner_default_and_failures(tmp_path):
     from ctbuild.tune.report import render_html, write_report
     page = render_html(canned_result())
     assert page.startswith("<!doctype html>") and "<script src" not in page
-    assert page.count("<svg") == 1 and "★ winner" in page and "(default)" in page
+    # one kernel with a winner: its winners chart and, collapsed, its candidates' chart
+    assert page.count("<svg") == 2 and "★ winner" in page and "(default)" in page
+    assert page.count('<section class="card"') == 2 and page.count("<details") == 2
+    assert "1.19×" in page                                     # 240.2 / 201.3 over the default
     assert "TM=128, TN=256, TK=64, num_ctas=1" in page
     assert "16.2% faster" in page                      # (240.2 - 201.3) / 240.2
     assert "&lt;illegal address&gt; &amp; stuff" in page  # escaped, never raw
@@ -268,6 +271,8 @@ def test_cli_help_lists_options():
     (("--timeout", "soon"), "not a number"),
     (("--kernel", "nope"), "unknown kernel"),
     (("--config", "/nonexistent/ctbuild.toml"), "does not exist"),
+    (("--tie-band", "60"), "outside (0, 50)"),
+    (("--gpus", "7"), "GPU 7, which is not there"),
 ])
 def test_cli_bad_arguments_exit_2(args, needle, tmp_path):
     r = run_cli("tune", "--config", str(FIXTURE / "ctbuild.toml"), "--cache", str(tmp_path),
@@ -320,3 +325,21 @@ def test_dim_bucket_records_ties_and_regret_inside_the_bucket(tmp_path, monkeypa
     assert by_size[1628]["regret_pct"] == pytest.approx(100 * (1.002 / 1.001 - 1), abs=0.01)
     assert rec.regret["max_pct"] == by_size[257]["regret_pct"]
     assert set(rec.phase_seconds) == {"screen", "runoff", "regret"}
+
+
+def test_fleet_split_longest_first_and_slow_gpu():
+    from ctbuild.space import Config
+    from ctbuild.tune.choice import Timing
+    from ctbuild.tune.fleet import GpuListError, parse_gpus, slow_gpus, split
+    assert parse_gpus("all", 3) == [0, 1, 2] and parse_gpus("1,1", 2) == [1, 1]
+    for bad in ("0,x", ",", "all"):
+        with pytest.raises(GpuListError, match="--gpus"):
+            parse_gpus(bad, 0 if bad == "all" else 2)
+    shares = split(list("abcdef"), 2, {"a": 9, "b": 1, "c": 5, "d": 4, "e": 3, "f": 1}.get)
+    assert shares == [["a", "e"], ["c", "d", "b", "f"]]           # 12 and 11 units of work
+    t = {"x": 10.0, "y": 20.0}
+
+    def lane(scale):
+        return {k: Timing(Config({"k": k}, "k"), v * scale, 0.1, 5) for k, v in t.items()}
+    assert slow_gpus([0, 1, 2], [[lane(1.0), lane(1.01), lane(1.08)]]) == [
+        {"lane": 2, "gpu": 2, "ratio": pytest.approx(1.08 / 1.01, abs=1e-4)}]

@@ -196,3 +196,45 @@ def test_faulting_and_hanging_candidates_are_recorded(tmp_path):
     assert twice["status"] == "tuned" and twice["measured"] == 6
     assert out["compiles_during_measurement"] == 0
     assert twice["compiled_during_tune"] == 6   # compiled by the pool while faulty was measured
+
+
+def test_two_measuring_processes_on_one_gpu_record_one_fleet_winner(examples_tuned,
+                                                                    examples_cache, tmp_path):
+    """--gpus 0,0: two measuring processes share this GPU (the multi-GPU logic, not its speed):
+    the keys are split between them, every key's finalists measured by both, and the record
+    holds the winner decided on their median with both processes' times."""
+    import shutil
+
+    from cache import Store
+    cache = tmp_path / "cache"
+    shutil.copytree(examples_cache, cache)
+    r = run_cli("tune", "--config", str(EXAMPLES / "ctbuild.toml"), "--cache", str(cache),
+                "--json", "--retune", "--gpus", "0,0", "--kernel", "silu_mul,rmsnorm")
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout)
+    _keep("fleet-tune.json", out)
+    assert out["fleet"]["gpus"] == [0, 0] and out["tuned"] == 4 and out["failed"] == 0
+    store = Store(cache)
+    for s in out["entries"]:
+        rec = s["record"]
+        assert rec["choice"]["fleet"] and len(rec["fleet"]["per_gpu"]) == 2, rec
+        assert all(len(lane) >= 2 for lane in rec["fleet"]["per_gpu"]), rec["fleet"]
+        assert store.get_tuning(s["record_key"])["config"] == s["winner"]
+        assert store.has_compile(store.get_tuning(s["record_key"])["compile_key"])
+
+
+def test_verify_re_measures_recorded_winners_and_rewrites_nothing(examples_tuned,
+                                                                  examples_cache):
+    from cache import Store
+    store = Store(examples_cache)
+    before = dict(store.tuning_records())
+    r = run_cli("tune", "--verify", "--config", str(EXAMPLES / "ctbuild.toml"), "--cache",
+                str(examples_cache), "--json", "--kernel", "matmul,rmsnorm")
+    out = json.loads(r.stdout)
+    _keep("verify.json", out)
+    assert out["agrees"] + out["drifted"] == 4 and out["unrecorded"] == 0, out
+    assert r.returncode == (0 if out["drifted"] == 0 else 1), r.stderr[-2000:]
+    for v in out["entries"]:
+        assert v["recorded_on"] == torch.cuda.get_device_name()
+        assert v["winner_slower_pct"] >= 0 and v["fastest"] is not None
+    assert dict(store.tuning_records()) == before

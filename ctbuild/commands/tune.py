@@ -71,6 +71,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                    help="candidates within PCT%% of the fastest (or with overlapping 95%% CIs) "
                         "tie; among ties the default config, else the first in space order, "
                         "wins (default: 2; between 0 and 50)")
+    p.add_argument("--gpus", metavar="LIST",
+                   help="measure on these GPUs of this node, 'all' or indices such as 0,1: one "
+                        "measuring process each, the keys split longest first, then every key's "
+                        "finalists re-measured on every GPU and the winner decided on the "
+                        "median across them (default: the current GPU)")
     p.add_argument("--verify", action="store_true",
                    help="re-measure the recorded winners against their ties and finalists on "
                         "this GPU and report drift; rewrites nothing")
@@ -86,6 +91,19 @@ def tie_band(text: str) -> TieBand:
         return TieBand.parse(text)
     except TieBandError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def gpus_of(text: str) -> list[int]:
+    """--gpus: the GPU indices, all of one model (records are keyed by the GPU's name)."""
+    import torch
+
+    from ..tune.fleet import GpuListError, parse_gpus
+    gpus = parse_gpus(text, torch.cuda.device_count())
+    names = {torch.cuda.get_device_name(g) for g in set(gpus)}
+    if len(names) > 1:
+        raise GpuListError(f"--gpus names GPUs of several models ({', '.join(sorted(names))}): "
+                           "tune each model on its own (records are per GPU model)")
+    return gpus
 
 
 def _fmt_us(v: Any) -> str:
@@ -108,8 +126,9 @@ def run(args: argparse.Namespace) -> int:
     from cache import Store
 
     from ..toolchain import toolchain_for
+    from ..tune.fleet import FleetRun, GpuListError, tune_fleet
     from ..tune.recorded import recorded_workloads
-    from ..tune.session import TuneOptions, entries_for, run_isolated, tune_entries
+    from ..tune.session import TuneOptions, entries_for, tune_entries
     from ..tune.tuner import current_device
 
     project = project_from_args(args)
@@ -118,8 +137,16 @@ def run(args: argparse.Namespace) -> int:
     names = {k.name for k in kernels}
     if unknown := [n for n in only if n not in names]:
         return fail(f"unknown kernel(s) {unknown}; declared: {', '.join(sorted(names))}")
+    gpus = None
+    if args.gpus is not None:
+        if args.no_isolate:
+            return fail("--gpus runs one measuring process per GPU: drop --no-isolate")
+        try:
+            gpus = gpus_of(args.gpus)
+        except GpuListError as exc:
+            return fail(str(exc))
     try:
-        device = current_device()
+        device = current_device(gpus[0] if gpus else None)
     except RuntimeError as exc:
         return fail(str(exc), 1)
     store = Store(project.cache_dir)
@@ -143,12 +170,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"tuning {len(entries)} kernel x workload(s) on {device.name} ({device.arch}), "
               f"cache {project.cache_dir}, toolchain {fp[:12]}", flush=True)
     start = time.perf_counter()
+    fleet: dict[str, Any] = {}
     if args.no_isolate:
         summaries = tune_entries(entries, store, opts, device=device, toolchain_fp=fp, emit=emit)
     else:
         config = str(project.path.resolve()) if project.path else None
-        summaries = run_isolated(config, str(project.cache_dir), entries, opts, only=only,
-                                 emit=emit)
+        run_on = FleetRun(config, str(project.cache_dir), opts, gpus or [device.index], only,
+                          pin=gpus is not None)
+        summaries, fleet = tune_fleet(run_on, entries, store, device, fp, emit)
+        if len(run_on.gpus) > 1 and not quiet:
+            for s in summaries:
+                if s.get("record", {}).get("fleet"):
+                    print("fleet    " + _line(s)[9:], flush=True)
+            for slow in fleet["slow_gpus"]:
+                print(f"GPU {slow['gpu']} measured {100 * (slow['ratio'] - 1):.1f}% slower than "
+                      "the fleet median on the same candidates", flush=True)
     out = {
         "gpu": device.name, "arch": device.arch, "driver": device.driver, "toolchain": fp,
         "cache": str(project.cache_dir), "seconds": round(time.perf_counter() - start, 3),
@@ -158,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         "compiles_during_measurement": sum(
             s.get("compiles_during_measurement", 0) for s in summaries if s["status"] == "tuned"),
         "entries": summaries,
+        **({"fleet": fleet} if fleet else {}),
     }
     if args.report:
         from ..tune.report import write_report

@@ -1,8 +1,11 @@
 """The ``ctbuild tune --report`` page: one self-contained HTML file (inline SVG, no JS).
 
-Per kernel x workload: a bar chart of every measured candidate (mean with its 95% CI), the
-winner and the default config marked, and the failed candidates with their errors. The data
-is written beside it as ``PATH.json`` and embedded in the page.
+One section per kernel, for the hundreds of records a `Dim` kernel set makes: a chart of every
+workload's (bucket's) winner and its speed-up over the default config, a table with the ties,
+the rule that chose and the regret inside each bucket, and per workload, collapsed, the bar
+chart of every measured candidate (mean with its 95% CI; winner and default marked), the ties,
+the regret at each interior size and the failed candidates with their errors. The data is
+written beside it as ``PATH.json`` and embedded in the page.
 """
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .legend span{display:inline-block;margin-right:14px} .sw{display:inline-block;width:11px;
 height:11px;border-radius:2px;margin-right:4px;vertical-align:-1px}
 .big{font-size:15px} code{font-size:12px}
+details{border-top:1px solid #eeeeee;padding:6px 0} summary{cursor:pointer}
+svg{max-width:100%;height:auto} .index{columns:3;margin:8px 0 0}
+.fail,.wl,code,li{overflow-wrap:anywhere}
 """
 
 
@@ -45,14 +51,17 @@ def _us(v: Any) -> str:
     return "–" if v is None else f"{v:,.1f}"
 
 
-def chart(record: dict[str, Any], width: int = 1000) -> str:
+def chart(record: dict[str, Any], width: int = 900) -> str:
     """Horizontal bars, fastest first: mean time with a CI whisker; winner green, default blue."""
     cands = sorted(record.get("candidates", []), key=lambda c: c["mean_us"])
     if not cands:
         return "<p><em>No candidate could be measured.</em></p>"
     default = record.get("default", {}).get("config")
     winner = record.get("config")
-    label_w, right_w, row_h, top = 290, 210, 20, 24
+    labels = [_clip(_cfg(c["config"]), MAX_LABEL) for c in cands]
+    label_w = int(max(len(x) for x in labels) * CHAR_W) + 16
+    right_w, row_h, top = 230, 20, 24
+    width = max(width, label_w + right_w + 300)
     plot_w = width - label_w - right_w
     step = _nice_step(max(c["mean_us"] + (c.get("ci_us") or 0) for c in cands) / 5)
     vmax = step * (int(max(c["mean_us"] + (c.get("ci_us") or 0) for c in cands) / step) + 1)
@@ -70,9 +79,9 @@ def chart(record: dict[str, Any], width: int = 1000) -> str:
                    'stroke="#eeeeee"/>')
         out.append(f'<text x="{x:.1f}" y="{height - 6}" text-anchor="middle" fill="#757575">'
                    f'{v:,.{digits}f} µs</text>')
-    out.append(f'<text x="{label_w}" y="14" fill="#424242">mean time per launch '
-               '(bar) and 95% confidence interval (whisker); shorter is better</text>')
-    for i, c in enumerate(cands):
+    out.append('<text x="4" y="14" fill="#424242">screening pass: mean time per launch (bar) '
+               'and 95% confidence interval (whisker); shorter is better</text>')
+    for i, (c, label) in enumerate(zip(cands, labels)):
         y = top + i * row_h
         is_w, is_d = c["config"] == winner, c["config"] == default
         color = WINNER if is_w else DEFAULT if is_d else OTHER
@@ -84,7 +93,7 @@ def chart(record: dict[str, Any], width: int = 1000) -> str:
         tag += " (default)" if is_d else ""
         weight = ' font-weight="600"' if (is_w or is_d) else ""
         out.append(f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end"{weight} '
-                   f'fill="#212121">{_esc(_cfg(c["config"]))}</text>')
+                   f'fill="#212121">{_esc(label)}</text>')
         out.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" '
                    f'rx="2" fill="{color}"><title>{_esc(_cfg(c["config"]))}: '
                    f'{c["mean_us"]:.2f} ± {ci:.2f} µs, {c.get("samples", "?")} samples'
@@ -123,64 +132,192 @@ def _workload(record: dict[str, Any] | None, fallback: str) -> str:
     return ", ".join(parts)
 
 
-def render_html(result: dict[str, Any]) -> str:
-    """The whole page for a ``ctbuild tune --json`` result."""
-    entries = result.get("entries", [])
-    rows, cards = [], []
-    for i, s in enumerate(entries):
-        rec = s.get("record") or {}
-        st = s.get("status", "?")
-        speed = s.get("speedup_vs_default")
-        nfail = len(s.get("failures") or [])
-        rows.append(
-            f'<tr><td><a href="#e{i}">{_esc(s["kernel"])}</a></td>'
-            f'<td class="wl">{_esc(_workload(rec, s.get("workload", "")))}</td>'
-            f'<td class="{_esc(st)}">{_esc(st)}</td>'
+#: Colours of the winners in a kernel's chart (a config keeps its colour within the kernel).
+PALETTE = ("#2e7d32", "#1565c0", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#5d4037",
+           "#9e9d24")
+#: Width of one character of the charts' 12px labels, for sizing their columns: a capital
+#: letter's (the widest), so that no label is clipped whatever its letters.
+CHAR_W = 8.6
+#: Labels longer than this are shortened with an ellipsis (the whole text is the tooltip).
+MAX_LABEL = 56
+
+
+def _bucket(rec: dict[str, Any], fallback: str) -> str:
+    """A short name of the entry: its bucket (``M<=1024``) or its workload."""
+    regret = rec.get("regret") or {}
+    if regret.get("bucket"):
+        return ", ".join(f"{k}≤{v}" for k, v in regret["bucket"].items())
+    return _workload(rec, fallback)
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def winners_chart(entries: list[dict[str, Any]]) -> str:
+    """One row per workload (bucket) of a kernel: speed-up of its winner over the default
+    config, coloured by the winning config."""
+    rows = [(s, s.get("record") or {}) for s in entries]
+    rows = [(s, r) for s, r in rows if r.get("config")]
+    if not rows:
+        return "<p><em>No winner recorded.</em></p>"
+    colours: dict[str, str] = {}
+    labels = [_clip(_bucket(r, s.get("workload", "")), MAX_LABEL) for s, r in rows]
+    notes = [_clip(_cfg(r["config"]), MAX_LABEL) for _, r in rows]
+    speeds = [(s.get("speedup_vs_default") or 1.0) for s, _ in rows]
+    label_w = int(max(len(x) for x in labels) * CHAR_W) + 16
+    right_w = int(max(len(x) for x in notes) * CHAR_W) + 70
+    width = max(720, label_w + right_w + 320)
+    plot_w = width - label_w - right_w
+    vmax = max(1.0, max(speeds)) * 1.05
+    row_h, top = 20, 24
+    height = top + row_h * len(rows) + 24
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="winners per workload" '
+           'font-family="system-ui,sans-serif" font-size="12">',
+           '<text x="4" y="14" fill="#424242">speed-up of the winner over the default config '
+           '(1.00× = the default wins); colour = winning config</text>']
+    one = label_w + plot_w / vmax
+    out.append(f'<line x1="{one:.1f}" y1="{top - 4}" x2="{one:.1f}" y2="{height - 20}" '
+               'stroke="#bdbdbd" stroke-dasharray="3,3"/>')
+    out.append(f'<text x="{one:.1f}" y="{height - 6}" text-anchor="middle" fill="#757575">'
+               '1.00×</text>')
+    for i, ((_, r), label, note, speed) in enumerate(zip(rows, labels, notes, speeds)):
+        y = top + i * row_h
+        key = json.dumps(r["config"], sort_keys=True)
+        colour = colours.setdefault(key, PALETTE[len(colours) % len(PALETTE)])
+        w = max(1.0, plot_w * speed / vmax)
+        out.append(f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end" fill="#212121">'
+                   f'{_esc(label)}</text>')
+        out.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" '
+                   f'rx="2" fill="{colour}"><title>{_esc(_cfg(r["config"]))}: '
+                   f'{speed:.2f}× the default</title></rect>')
+        out.append(f'<text x="{label_w + plot_w + 8}" y="{y + 14}" fill="{colour}">'
+                   f'{speed:.2f}×  {_esc(note)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _regret_cell(rec: dict[str, Any]) -> str:
+    worst = (rec.get("regret") or {}).get("max_pct")
+    return "–" if worst is None else f"{worst:.1f}%"
+
+
+def _ties_cell(rec: dict[str, Any]) -> str:
+    choice = rec.get("choice") or {}
+    if not choice:
+        return "–"
+    return f'{len(choice.get("ties", []))} · {_esc(choice.get("rule", ""))}'
+
+
+def _entry_row(i: int, s: dict[str, Any]) -> str:
+    rec = s.get("record") or {}
+    st = s.get("status", "?")
+    speed = s.get("speedup_vs_default")
+    return (f'<tr><td class="wl"><a href="#e{i}">{_esc(_bucket(rec, s.get("workload", "")))}'
+            f'</a></td><td class="{_esc(st)}">{_esc(st)}</td>'
             f'<td>{_esc(_cfg(s.get("winner"))) if s.get("winner") else "–"}</td>'
             f'<td class="num">{_us(s.get("mean_us"))}</td>'
             f'<td class="num">{_us(s.get("default_us"))}</td>'
             f'<td class="num">{f"{speed:.2f}×" if speed else "–"}</td>'
-            f'<td class="num">{len(rec.get("candidates", []))}</td>'
-            f'<td class="num">{nfail}</td></tr>')
-        body = [f'<div class="card" id="e{i}"><h2>{_esc(s["kernel"])} '
-                f'<span class="{_esc(st)}">· {_esc(st)}</span></h2>'
-                f'<div class="wl">{_esc(_workload(rec, s.get("workload", "")))}</div>']
-        if s.get("note"):
-            body.append(f"<p>{_esc(s['note'])}</p>")
-        if rec:
-            d = rec.get("default", {})
+            f'<td>{_ties_cell(rec)}</td><td class="num">{_regret_cell(rec)}</td>'
+            f'<td class="num">{len(s.get("failures") or [])}</td></tr>')
+
+
+def _details(i: int, s: dict[str, Any]) -> str:
+    """An entry's details, collapsed: candidate chart, ties, regret sizes, failures."""
+    rec = s.get("record") or {}
+    st = s.get("status", "?")
+    body = [f'<details id="e{i}"><summary><b>{_esc(_bucket(rec, s.get("workload", "")))}'
+            f'</b> <span class="{_esc(st)}">· {_esc(st)}</span></summary>'
+            f'<div class="wl">{_esc(_workload(rec, s.get("workload", "")))}</div>']
+    if s.get("note"):
+        body.append(f"<p>{_esc(s['note'])}</p>")
+    if rec:
+        d = rec.get("default", {})
+        if rec.get("config"):
             verdict = ""
             if rec.get("mean_us") and d.get("mean_us"):
                 gain = (d["mean_us"] - rec["mean_us"]) / d["mean_us"] * 100
                 verdict = (f" — <b>{gain:.1f}% faster</b> than the default "
                            f"({_us(d['mean_us'])} µs)" if rec["config"] != d.get("config")
                            else " — the default config is the winner")
-            elif rec.get("config") and d.get("mean_us") is None:
+            elif d.get("mean_us") is None:
                 verdict = " — the default config could not be measured"
-            if rec.get("config"):
-                body.append(f'<p class="big">Winner <b>{_esc(_cfg(rec["config"]))}</b>: '
-                            f'{_us(rec.get("mean_us"))} ± {_us(rec.get("ci_us"))} µs{verdict}</p>')
-            body.append('<div class="legend"><span><i class="sw" style="background:'
-                        f'{WINNER}"></i>winner</span><span><i class="sw" style="background:'
-                        f'{DEFAULT}"></i>default config</span><span><i class="sw" '
-                        f'style="background:{OTHER}"></i>other candidates</span></div>')
-            body.append(chart(rec))
-            sp = rec.get("space", {})
-            body.append(f'<p class="meta">{len(rec.get("candidates", []))} measured of '
-                        f'{sp.get("kept", "?")} candidates (space {sp.get("total", "?")}, '
-                        f'{sp.get("pruned", "?")} after the constraint) · '
-                        f'{rec.get("seconds", "?")} s · compiled during tune: '
-                        f'{rec.get("compiled_during_tune", 0)} · compiles during measurement: '
-                        f'{rec.get("compiles_during_measurement", 0)} · tuning key '
-                        f'<code>{_esc(json.dumps(rec.get("tuning_key")))}</code></p>')
-        fails = s.get("failures") or []
-        if fails:
-            items = "".join(f'<li><b>{_esc(_cfg(f.get("config")))}</b>: '
-                            f'<span class="fail">{_esc(str(f.get("error", ""))[:600])}</span></li>'
-                            for f in fails)
-            body.append(f'<p style="color:{FAIL}"><b>{len(fails)} failed</b></p><ul>{items}</ul>')
-        body.append("</div>")
-        cards.append("".join(body))
+            body.append(f'<p class="big">Winner <b>{_esc(_cfg(rec["config"]))}</b>: '
+                        f'{_us(rec.get("mean_us"))} ± {_us(rec.get("ci_us"))} µs{verdict}</p>')
+        body.append(_choice_text(rec))
+        body.append('<div class="legend"><span><i class="sw" style="background:'
+                    f'{WINNER}"></i>winner</span><span><i class="sw" style="background:'
+                    f'{DEFAULT}"></i>default config</span><span><i class="sw" '
+                    f'style="background:{OTHER}"></i>other candidates</span></div>')
+        body.append(chart(rec))
+        body.append(_regret_text(rec))
+        sp = rec.get("space", {})
+        body.append(f'<p class="meta">{len(rec.get("candidates", []))} measured of '
+                    f'{sp.get("kept", "?")} candidates (space {sp.get("total", "?")}, '
+                    f'{sp.get("pruned", "?")} after the constraint) · '
+                    f'{rec.get("seconds", "?")} s · compiled during tune: '
+                    f'{rec.get("compiled_during_tune", 0)} · compiles during measurement: '
+                    f'{rec.get("compiles_during_measurement", 0)} · tuning key '
+                    f'<code>{_esc(json.dumps(rec.get("tuning_key")))}</code></p>')
+    fails = s.get("failures") or []
+    if fails:
+        items = "".join(f'<li><b>{_esc(_cfg(f.get("config")))}</b>: '
+                        f'<span class="fail">{_esc(str(f.get("error", ""))[:600])}</span></li>'
+                        for f in fails)
+        body.append(f'<p style="color:{FAIL}"><b>{len(fails)} failed</b></p><ul>{items}</ul>')
+    body.append("</details>")
+    return "".join(body)
+
+
+def _choice_text(rec: dict[str, Any]) -> str:
+    choice = rec.get("choice") or {}
+    if not choice:
+        return ""
+    band = choice.get("band", {}).get("percent")
+    ties = ", ".join(f'{_esc(_cfg(t["config"]))} ({_us(t["mean_us"])} µs)'
+                     for t in choice.get("ties", []))
+    runoff = rec.get("runoff") or {}
+    rounds = (f' Finalists ran off over {runoff["rounds"]} interleaved rounds '
+              f'({_esc(runoff.get("stopped", ""))}).' if runoff else "")
+    return (f'<p>Chosen by the tie rule: <b>{_esc(choice.get("rule", ""))}</b> (band {band}% '
+            f'or overlapping 95% CIs). Ties, in space order: {ties}.{rounds}</p>')
+
+
+def _regret_text(rec: dict[str, Any]) -> str:
+    regret = rec.get("regret") or {}
+    if not regret.get("sizes"):
+        return ""
+    cells = "".join(f'<tr><td class="wl">{_esc(json.dumps(x["sizes"]))}</td>'
+                    f'<td class="num">{x["regret_pct"]:.2f}%</td>'
+                    f'<td>{_esc(_cfg(x["fastest"]))}</td></tr>' for x in regret["sizes"])
+    return ("<p>Regret of the winner inside its bucket (its time over the fastest contender's "
+            "there):</p><table><tr><th>size</th><th>regret</th><th>fastest there</th></tr>"
+            + cells + "</table>")
+
+
+def _kernel_section(name: str, items: list[tuple[int, dict[str, Any]]]) -> str:
+    speeds = [float(s["speedup_vs_default"]) for _, s in items if s.get("speedup_vs_default")]
+    tuned = sum(s.get("status") == "tuned" for _, s in items)
+    head = (f'<section class="card" id="k-{_esc(name)}"><h2>{_esc(name)}</h2>'
+            f'<p class="meta">{len(items)} workload(s), {tuned} tuned now'
+            + (f' · speed-up over the default: median {sorted(speeds)[len(speeds) // 2]:.2f}×, '
+               f'best {max(speeds):.2f}×' if speeds else "") + "</p>")
+    table = ("<table><tr><th>workload / bucket</th><th>status</th><th>winner</th><th>µs</th>"
+             "<th>default µs</th><th>speed-up</th><th>ties · rule</th><th>regret</th>"
+             "<th>failed</th></tr>" + "".join(_entry_row(i, s) for i, s in items) + "</table>")
+    details = "".join(_details(i, s) for i, s in items)
+    return head + winners_chart([s for _, s in items]) + table + details + "</section>"
+
+
+def render_html(result: dict[str, Any]) -> str:
+    """The whole page for a ``ctbuild tune --json`` result: one section per kernel."""
+    by_kernel: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, s in enumerate(result.get("entries", [])):
+        by_kernel.setdefault(s["kernel"], []).append((i, s))
+    index = "".join(f'<li><a href="#k-{_esc(k)}">{_esc(k)}</a> ({len(v)})</li>'
+                    for k, v in by_kernel.items())
     head = (f'{_esc(result.get("gpu", "?"))} ({_esc(result.get("arch", "?"))}), driver '
             f'{_esc(result.get("driver", "?"))} · toolchain '
             f'<code>{_esc(str(result.get("toolchain", ""))[:16])}</code> · cache '
@@ -192,10 +329,8 @@ def render_html(result: dict[str, Any]) -> str:
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<title>ctbuild tune report</title>"
             f"<style>{CSS}</style></head><body><h1>ctbuild tune report</h1>"
-            f'<div class="meta">{head}</div>'
-            "<table><tr><th>kernel</th><th>workload</th><th>status</th><th>winner</th>"
-            "<th>µs</th><th>default µs</th><th>speed-up</th><th>measured</th><th>failed</th></tr>"
-            + "".join(rows) + "</table>" + "".join(cards)
+            f'<div class="meta">{head}</div><ul class="index">{index}</ul>'
+            + "".join(_kernel_section(k, v) for k, v in by_kernel.items())
             + f'<script type="application/json" id="ctbuild-tune-data">{data}</script>'
             "</body></html>")
 

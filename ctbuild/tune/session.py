@@ -169,10 +169,13 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
 def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entry],
                  opts: TuneOptions, *, only: Sequence[str] = (), entry_timeout_s: float | None = None,
                  max_restarts: int = 8,
-                 emit: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run `tune_entries` in a child process; if it dies (a fault that escaped cuTile's
-    benchmark subprocess) or stalls, restart it on the remaining entries, excluding the
-    candidate that was being measured (recorded as a failure of that entry).
+                 emit: Callable[[dict[str, Any]], None] | None = None,
+                 mode: str = "tune", payload: Mapping[int, Any] | None = None,
+                 env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run `tune_entries` (``mode="finals"``: `finals_entries` on ``payload``, the configs per
+    entry) in a child process with ``env`` added to its environment; if it dies (a fault that
+    escaped cuTile's benchmark subprocess) or stalls, restart it on the remaining entries,
+    excluding the candidate that was being measured (recorded as a failure of that entry).
     """
     results: dict[int, dict[str, Any]] = {}
     exclude: dict[int, dict[str, str]] = {}
@@ -184,11 +187,12 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
             events_path = Path(tmp) / f"events-{restarts}.jsonl"
             spec = {"config": config_path, "cache": cache_dir, "entries": remaining,
                     "only": list(only), "exclude": {str(k): v for k, v in exclude.items()},
-                    "opts": {**opts.__dict__}, "events": str(events_path)}
+                    "opts": {**opts.__dict__}, "events": str(events_path), "mode": mode,
+                    "payload": {str(k): v for k, v in (payload or {}).items()}}
             spec_path = Path(tmp) / f"spec-{restarts}.json"
             spec_path.write_text(json.dumps(spec))
             proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tune.session", str(spec_path)],
-                                    stdout=sys.stderr)
+                                    stdout=sys.stderr, env={**os.environ, **(env or {})})
             current: int | None = None
             last_cfg: dict[str, Any] | None = None
             started = time.monotonic()
@@ -283,9 +287,42 @@ def _child(spec_path: str) -> int:
     def emit(s: dict[str, Any]) -> None:
         write({"event": "done", "entry": s["entry"], "summary": s})
 
+    if spec["mode"] == "finals":
+        finals_entries(entries, store, opts, {int(k): v for k, v in spec["payload"].items()},
+                       emit=emit, on_event=write)
+        return 0
     tune_entries(entries, store, opts, exclude={int(k): v for k, v in spec["exclude"].items()},
                  emit=emit, on_event=write, isolated=True)
     return 0
+
+
+def finals_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions,
+                   configs: Mapping[int, Sequence[Mapping[str, Any]]],
+                   emit: Callable[[dict[str, Any]], None],
+                   on_event: Callable[[dict[str, Any]], None]) -> None:
+    """The fleet's finals on this GPU: each entry's ``configs`` run off interleaved; emits
+    ``{"status": "finals", "timings": [...]}`` per entry (`ctbuild.tune.fleet`)."""
+    import torch
+
+    from ..space import Config
+    from .runoff import RunoffBudget, runoff
+    from .tuner import Benches
+    device = current_device()
+    fp = toolchain_for(store)
+    with torch.cuda.device(device.index):
+        for e in entries:
+            on_event({"event": "start", "entry": e.index})
+            cfgs = [Config(c, e.kernel.name) for c in configs.get(e.index, [])]
+
+            def blame(cfg: Config, index: int = e.index) -> None:
+                on_event({"event": "candidate", "entry": index, "config": cfg.to_json()})
+            bench = Benches(e.kernel, store, fp, device, None, None, 0, None, blame
+                            ).on_spec(e.workload)
+            result = runoff(cfgs, bench.sample, opts.settings().band, RunoffBudget()) \
+                if len(cfgs) > 1 else None
+            emit({"entry": e.index, "kernel": e.kernel.name, "status": "finals",
+                  "timings": [t.to_json() for t in (result.timings if result else ())],
+                  "gpu": device.name})
 
 
 if __name__ == "__main__":

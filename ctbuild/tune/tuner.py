@@ -386,6 +386,8 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str,
             measure_s: float, seconds: float, phases: dict[str, float]) -> TuningRecord:
     """The tuning record of one key (``config`` None when nothing could be measured)."""
     by_cfg = {t.config: t for t in screened}
+    if decision is not None and decision.runoff is not None:
+        by_cfg.update({t.config: t for t in decision.runoff.timings})  # same clock as winner's
     dflt = by_cfg.get(plan.default)
     choice = decision.choice if decision is not None else None
     winner = choice.winner if choice is not None else None

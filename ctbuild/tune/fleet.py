@@ -1,0 +1,226 @@
+"""``ctbuild tune --gpus``: one measuring process per GPU, one winner for the fleet.
+
+1. **Screening**: the kernel x workload entries are split across the GPUs, longest first (each
+   to the GPU with the least estimated work so far); every GPU tunes its share in its own
+   supervised process (`session.run_isolated`, ``CUDA_VISIBLE_DEVICES`` set to that GPU). An
+   entry whose process died with no candidate to blame goes to the next GPU.
+2. **Finals**, with more than one GPU: every GPU re-measures every tuned entry's finalists (the
+   winner, its ties, the runoff's finalists) interleaved, and the winner is decided on the median
+   time across GPUs by the same tie rule: one winner for the fleet, kept with the per-GPU times.
+   A GPU whose times are more than 3% above the fleet median on the same candidates is named.
+
+With one GPU this is the same code path with nothing to merge: screening on that GPU decides.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from ..arch import Arch
+from ..build.plan import job_for
+from ..records import TuningRecord
+from ..space import Config
+from .choice import TieBand, Timing, choose
+from .session import Entry, TuneOptions, run_isolated
+from .verify import contenders
+
+if TYPE_CHECKING:
+    from cache import Store
+
+    from .tuner import Device
+
+#: A GPU this much slower than the fleet median on the same candidates is named in the report.
+SLOW_GPU_RATIO = 1.03
+
+
+class GpuListError(ValueError):
+    """A ``--gpus`` value that names no GPU of this node."""
+
+
+def parse_gpus(text: str, visible: int) -> list[int]:
+    """``all`` or comma-separated indices (a GPU named twice gets two measuring processes)."""
+    if text.strip() == "all":
+        if visible == 0:
+            raise GpuListError("--gpus all: no CUDA GPU is visible")
+        return list(range(visible))
+    try:
+        gpus = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise GpuListError(f"--gpus {text!r}: give 'all' or GPU indices such as 0,1") from None
+    if not gpus:
+        raise GpuListError("--gpus names no GPU: give 'all' or GPU indices such as 0,1")
+    if bad := [g for g in gpus if not 0 <= g < visible]:
+        shows = f"{visible} GPU(s), indices 0..{visible - 1}" if visible else "no CUDA GPU"
+        raise GpuListError(f"--gpus names GPU {bad[0]}, which is not there: this node shows "
+                           f"{shows}")
+    return gpus
+
+
+def estimated_work(entry: Entry, arch: str, cap: int) -> float:
+    """Screening work of an entry: candidates times the bytes its tensors move (a proxy for
+    each candidate's samples)."""
+    try:
+        n = len(entry.kernel.candidates(entry.workload, Arch(arch), cap).kept)
+    except Exception:  # noqa: BLE001 - unplannable entries fail fast in their lane
+        n = 1
+    volume = sum(getattr(v, "numel", lambda: 1)() * getattr(v, "itemsize", 1)
+                 for v in entry.workload.values() if hasattr(v, "numel"))
+    return n * math.log2(2 + volume)
+
+
+def split(entries: Sequence[Entry], lanes: int, work: Callable[[Entry], float]
+          ) -> list[list[Entry]]:
+    """Longest first, each entry to the lane with the least work so far."""
+    shares: list[list[Entry]] = [[] for _ in range(lanes)]
+    load = [0.0] * lanes
+    for e in sorted(entries, key=work, reverse=True):
+        i = min(range(lanes), key=lambda j: (load[j], j))
+        shares[i].append(e)
+        load[i] += work(e)
+    return shares
+
+
+@dataclass
+class FleetRun:
+    """What the lanes share: the project, the cache, the options, the GPUs."""
+    config_path: str | None
+    cache_dir: str
+    opts: TuneOptions
+    gpus: list[int]
+    only: Sequence[str] = ()
+    #: whether each lane's process sees only its GPU (``--gpus``); else it inherits the
+    #: environment and measures on the current GPU
+    pin: bool = True
+
+    def env(self, i: int) -> dict[str, str] | None:
+        """The lane's ``CUDA_VISIBLE_DEVICES``: its GPU, through this process's own list."""
+        if not self.pin:
+            return None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [v.strip() for v in visible.split(",")] if visible else None
+        return {"CUDA_VISIBLE_DEVICES": ids[self.gpus[i]] if ids else str(self.gpus[i])}
+
+    def lane(self, i: int, entries: Sequence[Entry], mode: str = "tune",
+             payload: Mapping[int, Any] | None = None,
+             emit: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """Run ``entries`` in a supervised process on GPU ``gpus[i]``."""
+        return run_isolated(self.config_path, self.cache_dir, entries, self.opts,
+                            only=self.only, emit=emit, mode=mode, payload=payload,
+                            env=self.env(i))
+
+    def each_lane(self, shares: Sequence[Sequence[Entry]], mode: str = "tune",
+                  payload: Mapping[int, Any] | None = None,
+                  emit: Callable[[dict[str, Any]], None] | None = None
+                  ) -> list[list[dict[str, Any]]]:
+        with concurrent.futures.ThreadPoolExecutor(len(self.gpus)) as pool:
+            futures = [pool.submit(self.lane, i, share, mode, payload, emit)
+                       for i, share in enumerate(shares) if share]
+            done = [f.result() for f in futures]
+        it = iter(done)
+        return [next(it) if share else [] for share in shares]
+
+
+def lost(summary: dict[str, Any]) -> bool:
+    """Whether an entry failed because its process died with nothing to blame."""
+    note = str(summary.get("note", ""))
+    return summary["status"] == "failed" and summary.get("record") is None and (
+        note.startswith("tuning process died") or note.startswith("stalled"))
+
+
+def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: Device, fp: str,
+               emit: Callable[[dict[str, Any]], None] | None = None
+               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Screen on every GPU (``emit`` gets each entry's summary as its lane finishes it), then,
+    with several GPUs, decide every winner on the fleet's median: (final summaries in entry
+    order, fleet report)."""
+    shares = split(entries, len(run.gpus), lambda e: estimated_work(e, device.arch,
+                                                                    run.opts.cap))
+    results = {s["entry"]: s for lane in run.each_lane(shares, emit=emit) for s in lane}
+    retry = [e for e in entries if e.index in results and lost(results[e.index])]
+    moved = []
+    if retry and len(run.gpus) > 1:
+        again = [[] for _ in run.gpus]  # type: list[list[Entry]]
+        for k, e in enumerate(retry):
+            again[(k + 1) % len(run.gpus)].append(e)
+        for lane in run.each_lane(again, emit=emit):
+            for s in lane:
+                results[s["entry"]] = {**s, "note": (s.get("note", "") + " (moved to another "
+                                                     "GPU after its process died)").strip()}
+                moved.append(s["entry"])
+    report: dict[str, Any] = {"gpus": run.gpus, "moved": moved, "slow_gpus": []}
+    if len(run.gpus) > 1:
+        report["slow_gpus"] = finals(run, entries, results, store, device, fp)
+    return [results[e.index] for e in entries if e.index in results], report
+
+
+def finals(run: FleetRun, entries: Sequence[Entry], results: dict[int, dict[str, Any]],
+           store: Store, device: Device, fp: str) -> list[dict[str, Any]]:
+    """Every GPU re-measures every tuned entry's finalists; the fleet median decides. Rewrites
+    the records and summaries; returns the GPUs slower than the fleet by `SLOW_GPU_RATIO`."""
+    tuned = [e for e in entries if results.get(e.index, {}).get("status") == "tuned"]
+    if not tuned:
+        return []
+    payload = {e.index: contenders(TuningRecord.from_json(results[e.index]["record"]))
+               for e in tuned}
+    per_lane = run.each_lane([tuned] * len(run.gpus), mode="finals", payload=payload)
+    times: dict[int, list[dict[str, Timing]]] = {e.index: [] for e in tuned}
+    for lane in per_lane:
+        for s in lane:
+            if s.get("status") == "finals":
+                times[s["entry"]].append({json.dumps(t["config"], sort_keys=True): Timing(
+                    Config(t["config"], ""), t["mean_us"], t["ci_us"], t["samples"])
+                    for t in s["timings"]})
+    band = TieBand(run.opts.tie_band)
+    for e in tuned:
+        if len(times[e.index]) == len(run.gpus):
+            results[e.index] = merged(e, results[e.index], times[e.index], store, device, fp,
+                                      band, run)
+    return slow_gpus(run.gpus, [times[e.index] for e in tuned])
+
+
+def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], store: Store,
+           device: Device, fp: str, band: TieBand, run: FleetRun) -> dict[str, Any]:
+    """The entry's record and summary with the fleet's winner (median across GPUs)."""
+    common = set.intersection(*(set(t) for t in lanes))
+    fleet = [Timing(Config(json.loads(k), e.kernel.name),
+                    statistics.median(t[k].mean_us for t in lanes),
+                    statistics.median(t[k].ci_us for t in lanes),
+                    sum(t[k].samples for t in lanes)) for k in sorted(common)]
+    if not fleet:
+        return summary
+    cands = e.kernel.candidates(e.workload, Arch(device.arch), run.opts.cap)
+    choice = choose(fleet, list(cands.kept), cands.default, band)
+    rec = TuningRecord.from_json(summary["record"])
+    win = choice.winner
+    rec.config, rec.mean_us, rec.ci_us = win.config.to_json(), win.mean_us, win.ci_us
+    rec.compile_key = job_for(e.kernel, win.config, e.workload, device.arch, fp).key
+    rec.choice = {"rule": choice.rule, "band": band.to_json(), "fleet": True,
+                  "fastest": choice.fastest.config.to_json(),
+                  "ties": [t.to_json() for t in choice.ties]}
+    rec.fleet = {"gpus": run.gpus, "per_gpu": [[t.to_json() for t in lane.values()]
+                                               for lane in lanes]}
+    store.put_tuning(summary["record_key"], rec.to_json())
+    return {**summary, "winner": rec.config, "mean_us": rec.mean_us, "ci_us": rec.ci_us,
+            "record": rec.to_json()}
+
+
+def slow_gpus(gpus: Sequence[int], per_entry: Sequence[Sequence[dict[str, Timing]]]
+              ) -> list[dict[str, Any]]:
+    """GPUs whose median ratio to the fleet median (same entries, same configs) exceeds
+    `SLOW_GPU_RATIO`."""
+    ratios: list[list[float]] = [[] for _ in gpus]
+    for lanes in per_entry:
+        if len(lanes) != len(gpus):
+            continue
+        for k in set.intersection(*(set(t) for t in lanes)):
+            mid = statistics.median(t[k].mean_us for t in lanes)
+            for i, t in enumerate(lanes):
+                ratios[i].append(t[k].mean_us / mid)
+    return [{"lane": i, "gpu": g, "ratio": round(statistics.median(r), 4)}
+            for i, (g, r) in enumerate(zip(gpus, ratios))
+            if r and statistics.median(r) > SLOW_GPU_RATIO]
