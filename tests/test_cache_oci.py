@@ -21,9 +21,9 @@ import pytest
 from cache import Store
 from cache.__main__ import main as cache_main
 from cache.oci.layout import Layout
+from cache.oci.reference import parse_reference
 from cache.oci.referrers import fallback_tag
 from cache.oci.registry import Registry
-from cache.oci.reference import parse_reference
 
 INSTALL = "apt-get update && apt-get install -y docker-registry skopeo"
 needs_registry = pytest.mark.skipif(shutil.which("docker-registry") is None,
@@ -183,7 +183,7 @@ def test_tampered_layer_manifest_and_signature_are_refused(registry, pushed, key
     document = find_signatures(reg, pushed["digest"])[0]
     forged = {**document, "statement": {**document["statement"], "sequence": 99}}
     copy = Registry(parse_reference(f"{host}/forged:v1"), push=True)
-    subprocess_free_copy(reg, copy, pushed["digest"])
+    copy_image(reg, copy, pushed["digest"])
     attach_signature(copy, {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": pushed["digest"],
                             "size": len(reg.get_manifest(pushed["digest"])[0])}, forged)
     refused([*pull, f"{host}/forged:v1"], "changed after signing", dst)
@@ -213,7 +213,7 @@ def test_tampered_layer_manifest_and_signature_are_refused(registry, pushed, key
         manifest.write_bytes(original)
 
 
-def subprocess_free_copy(src: Registry, dst: Registry, digest: str) -> None:
+def copy_image(src: Registry, dst: Registry, digest: str) -> None:
     """Copy an image between repositories with our own client (blobs, then the manifest as :v1)."""
     import io
     data, media_type, _ = src.get_manifest(digest)
@@ -350,3 +350,16 @@ def test_bundle_signatures_ed25519_sequence_and_expiry(source, keys, tmp_path):
     assert code == 2 and "expired" in err
     code, _, err = cli("push", "--cache", str(source), "--layout", str(tmp_path / "l"), "--sign", str(secret), "v1")
     assert code == 2 and "HMAC secret" in err
+
+
+def test_the_ctbuild_command_checks_the_gpu_arch_and_says_so_in_one_line(tmp_path):
+    """Through `ctbuild` itself (it asks the CUDA driver for the GPU): with none visible, pull needs --arch."""
+    from conftest import run_cli
+    dst = tmp_path / "dst"
+    proc = run_cli("cache", "pull", f"localhost:{free_port()}/kernels:v1", "--cache", str(dst))
+    if "cannot reach registry" in proc.stderr:
+        pytest.skip("a GPU is visible here: pull took its arch and went on to the registry")
+    assert proc.returncode == 2 and "pass --arch" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = run_cli("cache", "pull", f"localhost:{free_port()}/kernels:v1", "--cache", str(dst), "--arch", "sm_90")
+    assert proc.returncode == 2 and "cannot reach registry" in proc.stderr, proc.stderr
+    assert not dst.exists()

@@ -17,7 +17,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from http.client import HTTPResponse
+from http.client import HTTPException, HTTPResponse
 from typing import IO, Any
 
 from ..errors import CacheError
@@ -178,7 +178,8 @@ class Registry:
 
 
 class _Response:
-    """A context manager around a response that may be absent (a tolerated 404)."""
+    """A context manager around a response that may be absent (a tolerated 404); a connection that
+    breaks while the body is read becomes one line, not a traceback."""
 
     def __init__(self, response: HTTPResponse | None) -> None:
         self.response = response
@@ -186,9 +187,12 @@ class _Response:
     def __enter__(self) -> Any:
         return self.response
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if self.response is not None:
             self.response.close()
+        if exc_type is not None and issubclass(exc_type, HTTPException):
+            raise CacheError(f"the connection to the registry broke while reading ({exc_type.__name__}); "
+                             "retry; nothing was written") from None
 
 
 _OPENER = urllib.request.build_opener()
