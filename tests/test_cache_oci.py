@@ -180,7 +180,7 @@ def test_tampered_layer_manifest_and_signature_are_refused(registry, pushed, key
     # A signature whose statement was edited after signing (here: a higher sequence).
     reg = Registry(parse_reference(f"{host}/kernels:v1"), push=True)
     from cache.oci.referrers import attach_signature, find_signatures
-    document = find_signatures(reg, pushed["digest"])[0]
+    document = find_signatures(reg, pushed["digest"])[0][0]
     forged = {**document, "statement": {**document["statement"], "sequence": 99}}
     copy = Registry(parse_reference(f"{host}/forged:v1"), push=True)
     copy_image(reg, copy, pushed["digest"])

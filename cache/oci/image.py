@@ -201,7 +201,9 @@ def _resolve(target: Target, name: str) -> tuple[str, dict[str, Any]]:
 
 def _verify_signature(target: Target, digest: str, key: Key, min_sequence: int | None) -> dict[str, Any]:
     """The statement of the first attached signature that verifies; else the first one's error."""
-    documents = find_signatures(target, digest)
+    documents, unreadable = find_signatures(target, digest)
+    if not documents and unreadable:
+        raise unreadable[0]
     if not documents:
         return verify(None, digest, key, what=f"image {digest[:19]}...", min_sequence=min_sequence)
     first: CacheError | None = None

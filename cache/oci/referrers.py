@@ -76,8 +76,9 @@ def _add_to_tag_index(target: Target, tag: str, entry: dict[str, Any]) -> None:
     target.put_manifest(tag, json.dumps(index, sort_keys=True).encode(), OCI_INDEX)
 
 
-def find_signatures(target: Target, digest: str) -> list[dict[str, Any]]:
-    """The signature documents attached to manifest ``digest`` (unverified: see signing.verify)."""
+def find_signatures(target: Target, digest: str) -> tuple[list[dict[str, Any]], list[CacheError]]:
+    """The signature documents attached to manifest ``digest`` (unverified: see signing.verify), and
+    why the unreadable ones could not be read (one bad artifact must not hide a good one)."""
     listed = target.referrers(digest)
     if listed is None:
         found = target.get_manifest(fallback_tag(digest))
@@ -86,8 +87,13 @@ def find_signatures(target: Target, digest: str) -> list[dict[str, Any]]:
             manifests = parse_json(found[0], "referrers index").get("manifests")
             listed = manifests if isinstance(manifests, list) else []
     signatures = [m for m in listed if isinstance(m, dict) and m.get("artifactType") == SIGNATURE_TYPE]
-    return [_read_signature(target, check_descriptor(entry, "referrer descriptor")["digest"])
-            for entry in signatures[:MAX_SIGNATURES]]
+    documents, errors = [], []
+    for entry in signatures[:MAX_SIGNATURES]:
+        try:
+            documents.append(_read_signature(target, check_descriptor(entry, "referrer descriptor")["digest"]))
+        except CacheError as exc:
+            errors.append(exc)
+    return documents, errors
 
 
 def _read_signature(target: Target, digest: str) -> dict[str, Any]:
