@@ -310,6 +310,11 @@ def test_unpacked_signed_layer_imports_as_a_directory(source, keys, tmp_path):
     layout = tmp_path / "layout"
     assert cli("push", "--cache", str(source), "--layout", str(layout), "--sign", str(keys["private"]), "v1")[0] == 0
     manifest = json.loads(Layout(layout).get_manifest("v1")[0])
+    if shutil.which("skopeo"):  # an independent reader of the layout
+        inspect = json.loads(subprocess.run(["skopeo", "inspect", f"oci:{layout}:v1"], capture_output=True,
+                                            text=True, check=True).stdout)
+        assert inspect["Layers"] == [manifest["layers"][0]["digest"]]
+        assert inspect["Labels"] == manifest["annotations"]
     tree = tmp_path / "tree"
     with tarfile.open(layout / "blobs" / "sha256" / manifest["layers"][0]["digest"][7:]) as tar:
         tar.extractall(tree, filter="data")
