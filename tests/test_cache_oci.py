@@ -67,8 +67,9 @@ def start_registry(root: Path, auth: str = "") -> tuple[subprocess.Popen, str]:
 def registry(tmp_path_factory):
     if shutil.which("docker-registry") is None:
         pytest.skip(f"needs Debian's docker-registry: {INSTALL}")
-    proc, host = start_registry(tmp_path_factory.mktemp("registry"))
-    yield host, tmp_path_factory.getbasetemp()
+    root = tmp_path_factory.mktemp("registry")
+    proc, host = start_registry(root)
+    yield host, root
     proc.terminate()
     proc.wait(timeout=10)
 
@@ -197,20 +198,28 @@ def test_tampered_layer_manifest_and_signature_are_refused(registry, pushed, key
     refused([*pull, f"{host}/kernels:sm90"], "does not match what was signed", dst)
 
     # Bytes changed in the registry's own storage: the layer, then the manifest.
-    data = next(Path(base).rglob(f"blobs/sha256/{pushed['layer']['digest'][7:9]}/{pushed['layer']['digest'][7:]}/data"))
+    data = stored_blob(base, pushed["layer"]["digest"])
     original = data.read_bytes()
     data.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
     try:
         refused([*pull, f"{host}/kernels:v1"], "does not match its digest", dst)
     finally:
         data.write_bytes(original)
-    manifest = next(Path(base).rglob(f"blobs/sha256/{pushed['digest'][7:9]}/{pushed['digest'][7:]}/data"))
+    manifest = stored_blob(base, pushed["digest"])
     original = manifest.read_bytes()
     manifest.write_bytes(original.replace(b'"sm_100,sm_90"', b'"sm_100,sm_80"'))
     try:
         refused([*pull, f"{host}/kernels:v1"], "image manifest does not match its digest", dst)
     finally:
         manifest.write_bytes(original)
+
+
+def stored_blob(root: Path, digest: str) -> Path:
+    """Where the distribution registry's filesystem driver keeps a blob (manifests are blobs too)."""
+    hex_digest = digest.split(":")[1]
+    path = root / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256" / hex_digest[:2] / hex_digest / "data"
+    assert path.is_file(), path
+    return path
 
 
 def copy_image(src: Registry, dst: Registry, digest: str) -> None:
