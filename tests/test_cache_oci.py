@@ -377,3 +377,36 @@ def test_the_ctbuild_command_checks_the_gpu_arch_and_says_so_in_one_line(tmp_pat
     proc = run_cli("cache", "pull", f"localhost:{free_port()}/kernels:v1", "--cache", str(dst), "--arch", "sm_90")
     assert proc.returncode == 2 and "cannot reach registry" in proc.stderr, proc.stderr
     assert not dst.exists()
+
+
+@needs_registry
+def test_basic_auth_from_the_environment_or_docker_login_and_a_401(source, tmp_path, monkeypatch):
+    """A registry with htpasswd (basic) auth: no credentials is a 401 in one line; the
+    CTBUILD_REGISTRY_* variables or a `docker login` entry get in."""
+    import base64
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        crypt = pytest.importorskip("crypt")  # bcrypt hashes for htpasswd; gone from Python 3.13
+    (tmp_path / "htpasswd").write_text("ci:" + crypt.crypt("s3cret", crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)))
+    proc, host = start_registry(tmp_path / "basicreg",
+                                f"auth:\n  htpasswd:\n    realm: test\n    path: {tmp_path / 'htpasswd'}\n")
+    for var in ("CTBUILD_REGISTRY_USER", "CTBUILD_REGISTRY_PASSWORD"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    try:
+        refused(["push", "--cache", str(source), f"{host}/kernels:v1"], "HTTP 401", tmp_path / "none")
+        monkeypatch.setenv("CTBUILD_REGISTRY_USER", "ci")
+        monkeypatch.setenv("CTBUILD_REGISTRY_PASSWORD", "wrong")
+        refused(["push", "--cache", str(source), f"{host}/kernels:v1"], "not authorized", tmp_path / "none")
+        monkeypatch.setenv("CTBUILD_REGISTRY_PASSWORD", "s3cret")
+        assert cli("push", "--cache", str(source), f"{host}/kernels:v1")[0] == 0
+        monkeypatch.delenv("CTBUILD_REGISTRY_USER")
+        (tmp_path / "docker").mkdir()
+        auth = base64.b64encode(b"ci:s3cret").decode()
+        (tmp_path / "docker" / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+        code, _, err = cli("pull", f"{host}/kernels:v1", "--cache", str(tmp_path / "dst"), "--arch", "sm_90")
+        assert code == 0, err
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

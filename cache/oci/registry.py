@@ -4,7 +4,8 @@ What it speaks: manifests and blobs by tag or digest (GET/HEAD/PUT), monolithic 
 (POST then PUT), the referrers API where the registry has it, and authentication by challenge: a
 401 with ``WWW-Authenticate: Bearer realm=...`` fetches a token (anonymously, or with basic
 credentials), ``Basic`` sends the credentials. Credentials come from ``CTBUILD_REGISTRY_USER`` and
-``CTBUILD_REGISTRY_PASSWORD``. Authorization is never forwarded on a redirect (blob downloads are
+``CTBUILD_REGISTRY_PASSWORD``, else from ``docker login`` (``~/.docker/config.json``, ``auth``
+entries; credential helpers are not asked). Authorization is never forwarded on a redirect (blob downloads are
 often redirected to object storage). ``localhost``/``127.0.0.1`` registries, and ``--plain-http``,
 use http.
 """
@@ -41,7 +42,7 @@ class Registry:
         self.base = f"{scheme}://{ref.registry}/v2/{ref.repository}"
         self.scope = f"repository:{ref.repository}:{'pull,push' if push else 'pull'}"
         user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
-        self.credentials = (user, password or "") if user else None
+        self.credentials = (user, password or "") if user else _docker_login(ref.registry)
         self.auth: str | None = None
 
     def describe(self) -> str:
@@ -175,6 +176,19 @@ class Registry:
         if exc.code == 404:
             return f"{what}: {self.ref} not found; check the name and tag; nothing was written"
         return f"{what}; nothing was written"
+
+
+def _docker_login(registry: str) -> tuple[str, str] | None:
+    """Credentials `docker login` stored for ``registry`` (``auths.<host>.auth``, base64 user:password)."""
+    path = os.path.join(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"), "config.json")
+    try:
+        with open(path, "rb") as f:
+            auths = parse_json(read_capped(f, MAX_DOCUMENT, path), path).get("auths") or {}
+        entry = auths.get(registry) or auths.get(f"https://{registry}") or {}
+        user, _, password = base64.b64decode(entry.get("auth", "")).decode().partition(":")
+    except (OSError, CacheError, ValueError, AttributeError):
+        return None
+    return (user, password) if user else None
 
 
 class _Response:
