@@ -28,7 +28,7 @@ examples:
 
 The image is one layer (the cache bundle, tar+gzip) with cache.ctbuild.image/* and io.kserve.km/*
 labels; see docs/deployment.md. Credentials: ${USER_ENV} and ${PASSWORD_ENV} (basic, or
-for a bearer token); none for anonymous access."""
+for a bearer token), else those `docker login` stored; none for anonymous access."""
 
 PULL_EPILOG = """\
 examples:
