@@ -8,7 +8,8 @@ regular files only, members in this order::
     compile.json       {compile key: entry}       (entries exactly as stored, incl. digest/symbol/created)
     tuning.json        {tuning key: record}
     blobs/<digest>     raw CUBIN bytes, named by their xxh3-128 digest
-    signature.json     (signed bundles only) {"algorithm": "hmac-sha256", "members": {name: sha256}, "mac": hex}
+    signature.json     (signed bundles only) a signature document (:mod:`cache.signing`) plus
+                       "members": {name: sha256}; its subject is the SHA-256 of that member map
 
 Everything is JSON or raw bytes, so reading a bundle never unpickles or executes anything. Export
 writes a temp file beside the target and renames it, so a failed export leaves no half bundle;
@@ -27,14 +28,15 @@ so importing twice changes nothing; a differing entry is replaced by the bundle'
 
 What it does not guarantee without a signature: digests (xxh3-128) detect damage, not intent. Anyone
 who can write a bundle can map any compile key to any CUBIN, and an unsigned import will serve it.
-A bundle exported with a key (``sign_key``: HMAC-SHA256 over the SHA-256 of every member) and imported
-with ``require_key`` is accepted only if it was made by a holder of that key and not changed since.
+A bundle exported with a key (``sign_key``: an Ed25519 private key, or an HMAC-SHA256 secret, over the
+SHA-256 of every member) and imported with ``require_key`` (the public key, or the same secret) is
+accepted only if it was made by a holder of that key and not changed since; ``min_sequence`` refuses
+an older signed release. Bundles and OCI images share one verification path (:func:`cache.signing.verify`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import io
 import json
 import lzma
@@ -52,6 +54,7 @@ from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
 from .errors import CacheError
 from .jsontext import dumps
 from .namespace import HashingReader
+from .signing import Key, load_key, sign, subject_of, verify
 
 if TYPE_CHECKING:
     from .namespace import ByteStream, Namespace
@@ -69,27 +72,21 @@ COMPRESSION = {".gz": "gz", ".tgz": "gz", ".xz": "xz"}
 MAX_MEMBER_SIZE = 256 * 2**20
 #: Free space an import leaves on the cache's filesystem beyond what it stores (bytes).
 SPACE_MARGIN = 64 * 2**20
-MIN_KEY_BYTES = 16
 CHUNK = 1 << 20
 
 
-def read_key(path: str | os.PathLike) -> bytes:
-    """The secret of a key file (surrounding whitespace stripped); refuses short or unreadable keys."""
-    try:
-        key = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise CacheError(f"cannot read key file {os.fspath(path)}: {exc.strerror}") from None
-    if len(key) < MIN_KEY_BYTES:
-        raise CacheError(f"key file {os.fspath(path)} holds {len(key)} bytes; use at least {MIN_KEY_BYTES} random "
-                         "bytes, e.g. `head -c 32 /dev/urandom | base64 > bundle.key`")
-    return key
+def read_key(path: str | os.PathLike) -> Key:
+    """A signing or verifying key: an Ed25519 PEM key, or an HMAC secret of at least 32 bytes."""
+    return load_key(path)
 
 
 def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None,
-                  sign_key: bytes | None = None) -> dict[str, Any]:
+                  sign_key: Key | None = None, sequence: int | None = None,
+                  expires: float | None = None) -> dict[str, Any]:
     """Write the store's entries (compile entries and tuning records of ``archs`` only, if given; all
-    toolchain profiles) and the blobs they need, signed with ``sign_key`` if given. Entries whose
-    blob is missing or corrupt are left out and listed under ``skipped``."""
+    toolchain profiles) and the blobs they need, signed with ``sign_key`` if given (``sequence`` and
+    ``expires`` go into the signed statement). Entries whose blob is missing or corrupt are left out
+    and listed under ``skipped``."""
     wanted = None if archs is None else set(archs)
     compile_entries: dict[str, dict[str, Any]] = {}
     blob_ok: dict[str, bool] = {}
@@ -134,17 +131,19 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
                 add(tar, f"blobs/{digest}", data)
                 total += len(data)
             if sign_key is not None:
-                signature = {"algorithm": "hmac-sha256", "members": hashes, "mac": _mac(sign_key, hashes)}
+                signature = {**sign(_members_subject(hashes), sign_key, sequence=sequence, expires=expires),
+                             "members": hashes}
                 _add(tar, SIGNATURE, dumps(signature, what="signature").encode())
     return {**counts, "bytes": total, "archs": manifest["archs"], "skipped": skipped, "signed": sign_key is not None}
 
 
-def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_key: bytes | None = None,
-                  max_member_size: int = MAX_MEMBER_SIZE) -> dict[str, Any]:
+def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_key: Key | None = None,
+                  max_member_size: int = MAX_MEMBER_SIZE, min_sequence: int | None = None) -> dict[str, Any]:
     """Validate the whole bundle (and its signature, with ``require_key``), then merge it into
     ``store``. Returns counts of what changed; on any failure nothing stays written."""
     with _input(file) as stream:
-        checked = _validate(store, stream, require_key=require_key, max_member_size=max_member_size)
+        checked = _validate(store, stream, require_key=require_key, max_member_size=max_member_size,
+                            min_sequence=min_sequence)
         _check_space(store, checked.new_bytes)
         stream.seek(0)
         added_blobs: list[str] = []
@@ -234,7 +233,8 @@ class _Checked:
         self.new_bytes = 0
 
 
-def _validate(store: Store, stream: IO[bytes], *, require_key: bytes | None, max_member_size: int) -> _Checked:
+def _validate(store: Store, stream: IO[bytes], *, require_key: Key | None, max_member_size: int,
+              min_sequence: int | None = None) -> _Checked:
     """Pass 1: check everything, write nothing."""
     checked = _Checked()
     documents = checked.documents
@@ -280,7 +280,7 @@ def _validate(store: Store, stream: IO[bytes], *, require_key: bytes | None, max
     if MANIFEST not in seen:
         raise CacheError("bundle is empty: not a ctbuild cache bundle")
     if require_key is not None:  # authenticity first: a forged bundle's other faults are beside the point
-        _check_signature(signature, hashes, require_key)
+        _check_signature(signature, hashes, require_key, min_sequence)
         checked.sha256 = hashes
     for name in DOCUMENTS:
         documents.setdefault(name, {})
@@ -302,25 +302,24 @@ def _validate(store: Store, stream: IO[bytes], *, require_key: bytes | None, max
     return checked
 
 
-def _check_signature(signature: dict[str, Any] | None, hashes: dict[str, str], key: bytes) -> None:
+def _check_signature(signature: dict[str, Any] | None, hashes: dict[str, str], key: Key,
+                     min_sequence: int | None = None) -> None:
     if signature is None:
         raise CacheError(f"bundle is not signed ({SIGNATURE} is missing) but a signature is required; "
                          "re-export it with `ctbuild cache export --sign KEYFILE`; nothing was imported")
-    members, mac = signature.get("members"), signature.get("mac")
-    if signature.get("algorithm") != "hmac-sha256" or not isinstance(members, dict) or not isinstance(mac, str):
+    members = signature.get("members")
+    if not isinstance(members, dict) or not all(isinstance(v, str) for v in members.values()):
         raise CacheError(f"bundle {SIGNATURE} is malformed; nothing was imported")
-    if not hmac.compare_digest(_mac(key, members), mac):
-        raise CacheError("bundle signature does not verify with this key: it was signed with another key or its "
-                         "member list was changed; nothing was imported")
+    verify(signature, _members_subject(members), key, what="bundle", min_sequence=min_sequence)
     if members != hashes:
         changed = sorted(set(members) ^ set(hashes) | {n for n in members if n in hashes and members[n] != hashes[n]})
         raise CacheError(f"bundle members {changed[:3]} differ from what was signed: the bundle was tampered with; "
                          "nothing was imported")
 
 
-def _mac(key: bytes, hashes: dict[str, str]) -> str:
-    """HMAC-SHA256 of the canonical {member name: SHA-256} map (the manifest and documents are members)."""
-    return hmac.new(key, dumps(hashes, what="signature").encode(), hashlib.sha256).hexdigest()
+def _members_subject(hashes: dict[str, str]) -> str:
+    """What a bundle's signature vouches for: the canonical {member name: SHA-256} map's digest."""
+    return subject_of(dumps(hashes, what="signature").encode())
 
 
 def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, str]:

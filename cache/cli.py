@@ -1,4 +1,5 @@
-"""The ``ctbuild cache`` subcommands: stats, ls, verify, gc, rm, export, import.
+"""The ``ctbuild cache`` subcommands: stats, ls, verify, gc, rm, export, import, and push, pull,
+keygen (the cache as an OCI image: :mod:`cache.oci`).
 
 The main ``ctbuild`` CLI calls :func:`add_cache_parser` to register them and
 :func:`run_cache_command` to run them; ``python -m cache`` does the same with a parser of its own.
@@ -19,6 +20,7 @@ from typing import Any
 from .bundle import MAX_MEMBER_SIZE, read_key
 from .errors import CacheError
 from .layout import LAYOUT_FILE
+from .oci import commands as oci
 from .store import Store
 
 DEFAULT_CACHE_DIR = "./.ctbuild-cache"
@@ -38,12 +40,17 @@ examples:
   ctbuild cache rm matmul                      forget one kernel (then gc reclaims its blobs)
   ctbuild cache export --arch sm_90 h200.tgz   ship the sm_90 part of the cache
   ctbuild cache import h200.tgz                merge a bundle (verified first; idempotent)
-  ctbuild cache export --sign ci.key k.tgz     ... signed (HMAC-SHA256) with a secret key file
-  ctbuild cache import --require-signature ci.key k.tgz   accept only bundles signed with that key
+  ctbuild cache export --sign ci.pem k.tgz     ... signed (Ed25519 private key, or an HMAC secret file)
+  ctbuild cache import --require-signature ci.pub.pem k.tgz   accept only bundles signed with that key
+  ctbuild cache keygen ci.pem ci.pub.pem       an Ed25519 key pair for signing
+  ctbuild cache push localhost:5000/kernels:v1 the cache as a one-layer OCI image (--sign KEY to sign it)
+  ctbuild cache pull localhost:5000/kernels:v1 check (--require-signature --key PUB.pem) and import an image
 """
 
 #: Commands that only read: they open the cache read-only, so they never write into a directory.
-READ_ONLY = ("stats", "ls", "export")
+READ_ONLY = ("stats", "ls", "export", "push")
+#: Commands that open no cache first: pull creates one only once everything checked out.
+STORELESS = ("pull", "keygen")
 
 
 def parse_size(text: str) -> int:
@@ -124,9 +131,9 @@ def add_cache_parser(subparsers: Any) -> None:
     export.add_argument("file", metavar="FILE", type=Path, help="bundle to write (replaced atomically)")
     export.add_argument("--arch", type=parse_archs, metavar="ARCHS",
                         help="only these archs, comma-separated: sm_90,sm_100")
-    export.add_argument("--sign", type=Path, metavar="KEYFILE",
-                        help="sign the bundle with the secret in KEYFILE (HMAC-SHA256 over every member; >= 16 bytes, "
-                             "e.g. `head -c 32 /dev/urandom | base64 > KEYFILE`); keep KEYFILE out of images and logs")
+    oci.add_signing_args(export, "sign the bundle with KEYFILE: an Ed25519 private key (`ctbuild cache keygen`), or "
+                                 "a secret of >= 32 bytes for HMAC-SHA256 (e.g. `head -c 48 /dev/urandom | base64 > "
+                                 "KEYFILE`); keep it out of images and logs")
 
     imp = sub.add_parser("import", parents=[common], help="merge a bundle into the cache", formatter_class=fmt,
                          description="Check a bundle, then merge it; importing twice changes nothing.",
@@ -137,12 +144,18 @@ def add_cache_parser(subparsers: Any) -> None:
                                 "able to write it can map a kernel's keys to any CUBIN). With "
                                 "--require-signature only\n"
                                 "bundles exported with --sign and the same key, unchanged since, are accepted.")
-    imp.add_argument("file", metavar="FILE", type=Path, help="bundle made by `ctbuild cache export`")
+    imp.add_argument("file", metavar="FILE", type=Path,
+                     help="bundle made by `ctbuild cache export`, or a directory holding one unpacked (a mounted "
+                          "cache image)")
     imp.add_argument("--require-signature", type=Path, metavar="KEYFILE",
-                     help="refuse the bundle unless it was signed (`export --sign`) with the key in KEYFILE")
+                     help="refuse the bundle unless it was signed (`export --sign`) with KEYFILE's key: the Ed25519 "
+                          "public key, or the same HMAC secret")
+    imp.add_argument("--min-sequence", type=int, metavar="N",
+                     help="with --require-signature: refuse a bundle signed with a sequence below N (an older release)")
     imp.add_argument("--max-member-size", type=parse_size, default=MAX_MEMBER_SIZE, metavar="SIZE",
                      help=f"refuse bundles with a member larger than this (default {MAX_MEMBER_SIZE // 2**20}M; "
                           "real CUBINs are far smaller)")
+    oci.add_parsers(sub, common, parse_archs, parse_size, MAX_MEMBER_SIZE)
 
 
 def cache_dir(args: argparse.Namespace) -> Path:
@@ -157,6 +170,10 @@ def run_cache_command(args: argparse.Namespace) -> int:
     path = cache_dir(args)
     readonly = command in READ_ONLY or (command == "verify" and not args.repair)
     try:
+        if command in STORELESS:
+            result, text, code = oci.run_pull(path, args) if command == "pull" else oci.run_keygen(args)
+            print(json.dumps(result, indent=2, sort_keys=True) if args.json else text)
+            return code
         if command != "import" and not path.is_dir():
             raise CacheError(f"no cache at {path}: pass --cache DIR or set CTBUILD_CACHE_DIR")
         if command != "import" and not _looks_like_cache(path):
@@ -264,8 +281,9 @@ def _rm(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
 
 
 def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
-    key = read_key(args.sign) if args.sign else None
-    r = store.export_bundle(args.file, archs=args.arch, sign_key=key)
+    options = oci.signing_options(args)
+    r = store.export_bundle(args.file, archs=args.arch, sign_key=options["key"], sequence=options["sequence"],
+                            expires=options["expires"])
     text = (f"wrote {args.file}: {r['compile_entries']} compile entries, {r['tuning_records']} tuning records, "
             f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])})"
             f"{', signed' if r['signed'] else ''}")
@@ -276,13 +294,21 @@ def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
 
 def _import(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     key = read_key(args.require_signature) if args.require_signature else None
-    r = store.import_bundle(args.file, require_key=key, max_member_size=args.max_member_size)
+    if args.min_sequence is not None and key is None:
+        raise CacheError("--min-sequence needs --require-signature KEYFILE")
+    options = {"require_key": key, "max_member_size": args.max_member_size, "min_sequence": args.min_sequence}
+    if args.file.is_dir():  # an unpacked bundle: an image volume, GKM's extraction of a pushed image
+        from .bundle_tree import import_tree
+        r = import_tree(store, args.file, **options)
+    else:
+        r = store.import_bundle(args.file, **options)
     text = (f"imported {args.file}{' (signature verified)' if r['signed'] else ''}: {r['blobs_added']} new CUBINs, "
             f"{r['entries_written']} entries written, {r['entries_unchanged']} already present")
     return r, text, 0
 
 
-COMMANDS = {"stats": _stats, "ls": _ls, "verify": _verify, "gc": _gc, "rm": _rm, "export": _export, "import": _import}
+COMMANDS = {"stats": _stats, "ls": _ls, "verify": _verify, "gc": _gc, "rm": _rm, "export": _export, "import": _import,
+            "push": oci.run_push}
 
 
 def _size(n: float) -> str:

@@ -30,6 +30,7 @@ from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError, UnsafeVal
 from .jsontext import dumps, loads_object
 from .layout import QUARANTINE_DIR, Namespaces, check_layout, open_namespaces
 from .namespace import ByteStream, HashingReader, Namespace, RowInfo
+from .signing import Key
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -352,17 +353,19 @@ class Store:
         return eviction.collect(self, size_limit=limit, evict_tuned=evict_tuned, orphan_grace_s=orphan_grace_s)
 
     def export_bundle(self, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None = None,
-                      sign_key: bytes | None = None) -> dict[str, Any]:
+                      sign_key: Key | None = None, sequence: int | None = None,
+                      expires: float | None = None) -> dict[str, Any]:
         """Write entries (of ``archs`` only, if given) and their blobs to a tar bundle, signed with
-        ``sign_key`` (HMAC-SHA256) if given; see :mod:`cache.bundle`."""
-        return bundle.export_bundle(self, file, archs=archs, sign_key=sign_key)
+        ``sign_key`` (Ed25519 or HMAC-SHA256, :mod:`cache.signing`) if given; see :mod:`cache.bundle`."""
+        return bundle.export_bundle(self, file, archs=archs, sign_key=sign_key, sequence=sequence, expires=expires)
 
-    def import_bundle(self, file: str | os.PathLike | IO[bytes], *, require_key: bytes | None = None,
-                      max_member_size: int = bundle.MAX_MEMBER_SIZE) -> dict[str, Any]:
+    def import_bundle(self, file: str | os.PathLike | IO[bytes], *, require_key: Key | None = None,
+                      max_member_size: int = bundle.MAX_MEMBER_SIZE, min_sequence: int | None = None) -> dict[str, Any]:
         """Verify a bundle completely (and its signature with ``require_key``), then merge it in
         (idempotent); see :mod:`cache.bundle`."""
         self._require_writable("import a bundle")
-        return bundle.import_bundle(self, file, require_key=require_key, max_member_size=max_member_size)
+        return bundle.import_bundle(self, file, require_key=require_key, max_member_size=max_member_size,
+                                    min_sequence=min_sequence)
 
     def read_entry(self, ns: Namespace, key: str) -> tuple[RowInfo, bytes | str] | None:
         """A row and its raw value from one of :attr:`namespaces` (None: absent, unsafe or unreadable)."""

@@ -257,3 +257,26 @@ def test_jit_without_tileiras_is_a_counted_miss_not_a_compile(cov, runtime_store
         served.jit_compile(signature, default_tile_context, "sm_90")
     assert (STATS.jit_compiles, STATS.jit_failures) == (before[0], before[1] + 1)
     assert runtime.stats()["jit_compiles"] == before[0]
+
+
+def test_a_pulled_cache_image_serves_what_explain_says(compiled_add, tmp_path: Path) -> None:
+    """The cache pushed as an OCI image (a layout on disk) and pulled into a fresh directory
+    serves the same CUBINs: explain and the runtime's resolve agree with the original cache."""
+    from cache import Store
+    from cache.oci.image import pull, push
+    from cache.oci.layout import Layout
+    from ctbuild import runtime
+    from ctbuild.specs import Tensor
+    k, cfg, jobs = compiled_add
+    t4096, t1 = Tensor((4096,), "float32"), Tensor((1,), "float32")
+    before = [k.explain(t, t, t, arch="sm_90", gpu="NVIDIA H200") for t in (t4096, t1)]
+    push(k.runtime.ctx.store, Layout(tmp_path / "oci", create=True), "v1")
+    pulled = pull(Layout(tmp_path / "oci"), "v1", tmp_path / "pulled", arch="sm_90")
+    assert pulled["compile_entries"] == 3 and pulled["archs"] == ["sm_90"]
+    runtime.configure(store=Store(tmp_path / "pulled", readonly=True), mode="strict")
+    assert k.runtime.ctx.store.path == tmp_path / "pulled"  # explain and resolve read the pulled cache
+    after = [k.explain(t, t, t, arch="sm_90", gpu="NVIDIA H200") for t in (t4096, t1)]
+    assert after == before and [e["compile_key"] for e in after] == [jobs["exact"].key, jobs["relaxed"].key]
+    assert all(e["cached"] for e in after)
+    res = k.runtime.resolve((t1, t1, t1), arch="sm_90", gpu="NVIDIA H200")
+    assert res.cubin_class == "relaxed"

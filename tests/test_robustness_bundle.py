@@ -204,8 +204,9 @@ def test_signed_bundle_round_trips_and_tampering_is_refused(tmp_path):
 
 
 def test_short_or_missing_key_files_are_refused(tmp_path):
-    (tmp_path / "short.key").write_text("abc\n")
-    with pytest.raises(CacheError, match="at least 16"):
-        bundle_mod.read_key(tmp_path / "short.key")
+    for secret in ("abc\n", "0123456789abcdef" * 1 + "0123456789abcde"):  # 3 and 31 bytes
+        (tmp_path / "short.key").write_text(secret)
+        with pytest.raises(CacheError, match="at least 32"):
+            bundle_mod.read_key(tmp_path / "short.key")
     with pytest.raises(CacheError, match="cannot read key file"):
         bundle_mod.read_key(tmp_path / "absent.key")
