@@ -19,6 +19,7 @@ from ..arch import Arch
 from ..device_table import DeviceInfo, cuda_device, nominal_device
 from ..dims import find_bucket
 from ..keys import record_key_for
+from ..miss_reasons import beyond_range
 from ..records import stored_tuning
 from ..signature import derive_signature
 from ..space import Config
@@ -58,6 +59,8 @@ class Resolved:
     workload_json: dict[str, Any]
     keys_needed: str            # the key level the declared functions' reads need
     signature: str | None       # mangled symbol of the exact launch signature, if derivable
+    spec: Workload | None = None  # the call as specs (`live_args.workload_spec`)
+    beyond: str | None = None   # a size outside a declared Dim's range (a miss), in words
 
 
 class Resolver:
@@ -94,6 +97,10 @@ class Resolver:
             wl_json = workload_json(spec_w)
             bucket = find_bucket(tuned.dynamic_workloads, spec_w) \
                 if tuned.dynamic_workloads else None
+            beyond = beyond_range(tuned.dynamic_workloads, spec_w, tuned.constant_args(w)) \
+                if bucket is None and tuned.dynamic_workloads else None
+            if beyond is not None and not dry:  # strict mode raises here
+                self.ctx.policy.range_miss(tuned, beyond, arch, wl_json)
             reads = DeclarationReads()
             with reads:
                 keys = [tuned.tuning_key(w)]
@@ -111,7 +118,9 @@ class Resolver:
                     cfg, config_from, cover = default, "fallback", fallback
             compile_key, cubin_class, signature = cover
             cubin_from = "cache"
-            if cubin_class is None:
+            if beyond is not None:  # whatever covers it, no build planned or tuned this size
+                cubin_class = "miss"
+            elif cubin_class is None:
                 cubin_class, cubin_from = "miss", "jit"
                 if not dry and compile_key is not None:
                     self.ctx.policy.cubin_miss(tuned, cfg, compile_key, arch, wl_json)
@@ -125,7 +134,7 @@ class Resolver:
             return Resolved(cfg, config_from, cubin_from, cubin_class,
                             bucket.to_json() if bucket is not None else None, arch, gpu, device,
                             tk, record_key, compile_key, grid, kernel_args, served, w, wl_json,
-                            reads.needs, signature)
+                            reads.needs, signature, spec_w, beyond)
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
         """The one `ServedKernel` of a config (created on first use, thread-safe)."""
