@@ -89,7 +89,7 @@ def drop(store: Store, compile_keys: Sequence[str], tuning_keys: Sequence[str], 
     gone = {key for key in compile_keys if key in rows}
     records = [key for key in dict.fromkeys(tuning_keys) if ns.tuning.contains(key)]
     still_used = {row.tag for key, row in rows.items() if key not in gone}
-    freed = {rows[key].tag for key in gone if rows[key].tag} - still_used
+    freed = {tag for key in gone if (tag := rows[key].tag)} - still_used
     sizes = {row.key: row.size for row in ns.blobs.rows()}
     if dry_run:
         return {"compile_entries": len(gone), "tuning_records": len(records), "blobs": len(freed),

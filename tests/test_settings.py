@@ -83,6 +83,7 @@ def test_runtime_and_explain_use_the_config_above_the_kernel(layout: Path) -> No
     runtime.reset()
     try:
         import probe_kernels
+
         from ctbuild.specs import Tensor
         got = probe_kernels.settings_probe.explain(Tensor((64,), "float32"), arch="sm_90")
     finally:

@@ -44,7 +44,7 @@ def run_prune(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
         return 0
-    lines = [f"cache {project.cache}"]
+    lines = [f"cache: {project.cache}"]
     for kernel, versions in plan.kept.items():
         kept = ", ".join(f"{v.fingerprint[:12]}" + (" (planned)" if v.fingerprint ==
                                                     planned[kernel] else f" ({_when(v.newest)})")
