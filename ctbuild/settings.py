@@ -128,7 +128,7 @@ def cache_choice(flag: str | os.PathLike[str] | None = None, *, config_value: st
         return CacheChoice(Path(from_env).expanduser().absolute(), CACHE_DIR_ENV)
     named = f" ({how})" if how != "found" else ""
     if config_value and config_file is not None:
-        return CacheChoice((config_file.parent.absolute() / config_value),
+        return CacheChoice(Path(os.path.normpath(config_file.parent.absolute() / config_value)),
                            f"cache_dir in {config_file.absolute()}{named}")
     default = Path(DEFAULT_CACHE_DIR).absolute()
     if config_file is not None:

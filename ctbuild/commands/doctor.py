@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"GPU            {gpu['arch'] if gpu['visible'] else 'none (' + gpu['reason'] + ')'}")
         if "hot_path" in report:
             print(f"hot path       {report['hot_path']}")
-        print(f"cache          {chosen} ({why})")
+        print(f"cache          {cache} ({chosen.why}; {why})")
         for p in report["problems"]:
             print(f"PROBLEM: {p}")
         print("ok" if not report["problems"] else f"{len(report['problems'])} problem(s)")
