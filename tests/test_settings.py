@@ -86,6 +86,11 @@ def test_runtime_and_explain_use_the_config_above_the_kernel(layout: Path) -> No
 
         from ctbuild.specs import Tensor
         got = probe_kernels.settings_probe.explain(Tensor((64,), "float32"), arch="sm_90")
+        (layout / "proj" / "built").mkdir()  # an empty volume: explained, left empty
+        runtime.reset()
+        again = probe_kernels.settings_probe.explain(Tensor((64,), "float32"), arch="sm_90")
+        assert list((layout / "proj" / "built").iterdir()) == [] and again["cache"] == got["cache"]
+        (layout / "proj" / "built").rmdir()
     finally:
         sys.path.remove(str(layout / "proj" / "pkg"))
         sys.modules.pop("probe_kernels", None)

@@ -73,8 +73,12 @@ class RuntimeContext:
                         "in ctbuild.toml to the built cache)", self.cache, CACHE_DIR_ENV)
             return None
         from cache import Store
+        from cache.layout import LAYOUT_FILE
+        # A directory that holds no cache yet (an empty volume) is opened read-only: it can
+        # serve nothing, and explaining or resolving must not write into it.
+        fresh = not any((self.cache_dir / name).exists() for name in (LAYOUT_FILE, "compile"))
         try:
-            return Store(self.cache_dir, on_damage=self._on_damage)
+            return Store(self.cache_dir, on_damage=self._on_damage, readonly=True if fresh else None)
         except Exception as exc:  # a broken or foreign cache dir: every lookup is a miss
             log.error("ctbuild: cannot open the cache at %s: %s; every lookup is a miss",
                       self.cache_dir, exc)
