@@ -314,3 +314,21 @@ def test_a_size_beyond_a_dim_is_a_miss_when_called(stub_gpu: list[tuple], runtim
         else:
             range_probe(x)
             assert len(stub_gpu) == 1 and ctx.misses.total("range_probe")["range"] == 1
+
+
+def test_explain_names_a_constant_and_a_rank_no_workload_declares(
+        runtime_store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """add_eps declares eps=1e-5 (a ct.Constant through args=) on 64x256 tensors."""
+    from ctbuild import runtime
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures" / "identity_project"))
+    from idkernels.eps import add_eps
+    runtime.configure(store=runtime_store, mode="strict")
+    x = Tensor((64, 256), "float32")
+    eps = add_eps.explain(x, x, 1e-6, arch="sm_90")
+    assert eps["cubin_class"] == "miss" and eps["why"] == [
+        "eps: ct.Constant value 1e-06, declared 1e-05"]
+    assert eps["fix"] == ("add {'X': Tensor((64, 256), 'float32'), 'OUT': Tensor((64, 256), "
+                          "'float32'), 'eps': 1e-06} to workloads=[...]")
+    batched = Tensor((2, 64, 256), "float32")
+    rank = add_eps.explain(batched, batched, 1e-5, arch="sm_90")
+    assert rank["why"][0] == "X: rank 3 (2, 64, 256), declared rank 2"
