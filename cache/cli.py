@@ -190,6 +190,7 @@ def _stats(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     health = ("DAMAGED (" + "; ".join(damaged) + f"); repair: {store.repair_hint()}") if damaged else "ok (quick_check)"
     s["cache_from"] = args.cache_from
     s["writable"] = is_writable(store.path)
+    s["readonly"] = not s["writable"]  # the cache's, not this read-only handle's
     text = "\n".join([
         f"cache        {s['path']} ({args.cache_from}), "
         f"{'writable' if s['writable'] else 'read-only (this process cannot write it)'}",

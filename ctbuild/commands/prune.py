@@ -57,6 +57,9 @@ def run_prune(args: argparse.Namespace) -> int:
     if plan.undeclared:
         lines.append(f"left alone: entries of kernels {', '.join(sorted(plan.undeclared))} "
                      f"({sum(plan.undeclared.values())}), which {project.where} does not declare")
+    if plan.unversioned:
+        lines.append(f"left alone: {plan.unversioned} entries that record no kernel fingerprint "
+                     "(written by hand or by an older ctbuild)")
     verb = "would remove" if args.dry_run else "removed"
     lines.append(f"{verb} {removed['compile_entries']} compile entries, "
                  f"{removed['tuning_records']} tuning records, {removed['blobs']} CUBINs "
