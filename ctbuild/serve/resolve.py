@@ -60,7 +60,6 @@ class Resolved:
     keys_needed: str            # the key level the declared functions' reads need
     signature: str | None       # mangled symbol of the exact launch signature, if derivable
     spec: Workload | None = None  # the call as specs (`live_args.workload_spec`)
-    beyond: str | None = None   # a size outside a declared Dim's range (a miss), in words
 
 
 class Resolver:
@@ -118,12 +117,12 @@ class Resolver:
                     cfg, config_from, cover = default, "fallback", fallback
             compile_key, cubin_class, signature = cover
             cubin_from = "cache"
-            if beyond is not None:  # whatever covers it, no build planned or tuned this size
-                cubin_class = "miss"
-            elif cubin_class is None:
+            if cubin_class is None:
                 cubin_class, cubin_from = "miss", "jit"
                 if not dry and compile_key is not None:
                     self.ctx.policy.cubin_miss(tuned, cfg, compile_key, arch, wl_json)
+            elif beyond is not None:  # a CUBIN covers it, but no build planned or tuned it
+                cubin_class = "miss"
             served = self.served_kernel(cfg)
             with reads:
                 grid = tuned.grid(cfg, w, dev)
@@ -134,7 +133,7 @@ class Resolver:
             return Resolved(cfg, config_from, cubin_from, cubin_class,
                             bucket.to_json() if bucket is not None else None, arch, gpu, device,
                             tk, record_key, compile_key, grid, kernel_args, served, w, wl_json,
-                            reads.needs, signature, spec_w, beyond)
+                            reads.needs, signature, spec_w)
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
         """The one `ServedKernel` of a config (created on first use, thread-safe)."""
