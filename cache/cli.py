@@ -21,7 +21,7 @@ from .bundle import MAX_MEMBER_SIZE, read_key
 from .errors import CacheError
 from .layout import LAYOUT_FILE
 from .oci import commands as oci
-from .store import Store
+from .store import Store, is_writable
 
 DEFAULT_CACHE_DIR = "./.ctbuild-cache"
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -89,7 +89,8 @@ def add_cache_parser(subparsers: Any) -> None:
                                "is damaged (`ctbuild cache verify --repair` rebuilds it). Read-only: writes nothing.")
 
     ls = sub.add_parser("ls", parents=[common], help="list compile entries and tuning records",
-                        description="List compile entries (kernel, arch, key prefix, CUBIN size, config, symbol) and "
+                        description="List compile entries (kernel, arch, signature class, key prefix, CUBIN size, "
+                                    "config, symbol) and "
                                     "tuning records (kernel, arch, key prefix, winner's config and compile "
                                     "key prefix).")
     ls.add_argument("--kernel", help="only this kernel")
@@ -158,16 +159,20 @@ def add_cache_parser(subparsers: Any) -> None:
     oci.add_parsers(sub, common, parse_archs, parse_size, MAX_MEMBER_SIZE)
 
 
-def cache_dir(args: argparse.Namespace) -> Path:
-    """--cache > $CTBUILD_CACHE_DIR > the project config (args.config_cache_dir) > ./.ctbuild-cache."""
-    return Path(args.cache_dir or os.environ.get("CTBUILD_CACHE_DIR")
-                or getattr(args, "config_cache_dir", None) or DEFAULT_CACHE_DIR)
+def cache_dir(args: argparse.Namespace) -> tuple[Path, str]:
+    """(the cache directory, why): --cache > $CTBUILD_CACHE_DIR > ./.ctbuild-cache. ``ctbuild cache``
+    passes the directory ctbuild chose (with the project config) as --cache, and why as ``args.cache_from``."""
+    if args.cache_dir:
+        return Path(args.cache_dir), getattr(args, "cache_from", None) or "--cache"
+    if os.environ.get("CTBUILD_CACHE_DIR"):
+        return Path(os.environ["CTBUILD_CACHE_DIR"]), "CTBUILD_CACHE_DIR"
+    return Path(DEFAULT_CACHE_DIR), "the default"
 
 
 def run_cache_command(args: argparse.Namespace) -> int:
     """Run the parsed ``cache`` subcommand; returns the exit code."""
     command = args.cache_command
-    path = cache_dir(args)
+    path, args.cache_from = cache_dir(args)
     readonly = command in READ_ONLY or (command == "verify" and not args.repair)
     try:
         if command in STORELESS:
@@ -175,7 +180,7 @@ def run_cache_command(args: argparse.Namespace) -> int:
             print(json.dumps(result, indent=2, sort_keys=True) if args.json else text)
             return code
         if command != "import" and not path.is_dir():
-            raise CacheError(f"no cache at {path}: pass --cache DIR or set CTBUILD_CACHE_DIR")
+            raise CacheError(f"no cache at {path} ({args.cache_from}): pass --cache DIR or set CTBUILD_CACHE_DIR")
         if command != "import" and not _looks_like_cache(path):
             raise CacheError(f"{path} is not a ctbuild cache (no {LAYOUT_FILE}, blobs/ or compile/): "
                              "pass --cache DIR or set CTBUILD_CACHE_DIR")
@@ -200,8 +205,12 @@ def _stats(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     limit = "none" if s["size_limit"] is None else _size(s["size_limit"])
     damaged = [f"{name} index: {detail.splitlines()[-1]}" for name, detail in s["damaged"].items()]
     health = ("DAMAGED (" + "; ".join(damaged) + f"); repair: {store.repair_hint()}") if damaged else "ok (quick_check)"
+    s["cache_from"] = args.cache_from
+    s["writable"] = is_writable(store.path)
+    s["readonly"] = not s["writable"]  # the cache's, not this read-only handle's
     text = "\n".join([
-        f"cache        {s['path']}{' (read-only)' if s['readonly'] else ''}",
+        f"cache        {s['path']} ({args.cache_from}), "
+        f"{'writable' if s['writable'] else 'read-only (this process cannot write it)'}",
         f"blobs        {s['blobs']} ({_size(s['bytes'])})",
         f"compile      {s['compile_entries']} entries",
         f"tuning       {s['tuning_records']} records",
@@ -217,19 +226,21 @@ def _ls(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
         return ((args.kernel is None or entry.get("kernel") == args.kernel)
                 and (args.arch is None or entry.get("arch") == args.arch))
 
+    # "class": the signature class the writer recorded (exact, relaxed, generic); none recorded is exact
     compiles: list[dict[str, Any]] = [
-        {"key": k, **{f: e.get(f) for f in ("kernel", "arch", "size", "config", "symbol", "digest", "created")}}
+        {"key": k, "class": e.get("class") or "exact",
+         **{f: e.get(f) for f in ("kernel", "arch", "size", "config", "symbol", "digest", "created")}}
         for k, e in store.compile_entries() if wanted(e)]
     tunings: list[dict[str, Any]] = [
         {"key": k, **{f: r.get(f) for f in ("kernel", "arch", "config", "compile_key", "created")}}
         for k, r in store.tuning_records() if wanted(r)]
-    rows = [("KIND", "KERNEL", "ARCH", "KEY", "SIZE", "CONFIG", "SYMBOL / WINNER")]
-    rows += [("compile", str(c["kernel"]), str(c["arch"]), c["key"][:16], _size(c["size"] or 0), _config(c["config"]),
-              str(c["symbol"])) for c in compiles]
-    rows += [("tuning", str(t["kernel"]), str(t["arch"]), t["key"][:16], "", _config(t["config"]),
+    rows = [("KIND", "KERNEL", "ARCH", "CLASS", "KEY", "SIZE", "CONFIG", "SYMBOL / WINNER")]
+    rows += [("compile", str(c["kernel"]), str(c["arch"]), str(c["class"]), c["key"][:16], _size(c["size"] or 0),
+              _config(c["config"]), str(c["symbol"])) for c in compiles]
+    rows += [("tuning", str(t["kernel"]), str(t["arch"]), "-", t["key"][:16], "", _config(t["config"]),
               t["compile_key"][:16]) for t in tunings]
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[6] for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(7)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[7] for row in rows]
     lines.append(f"{len(compiles)} compile entries, {len(tunings)} tuning records")
     return {"compile": compiles, "tuning": tunings}, "\n".join(lines), 0
 

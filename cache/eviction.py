@@ -16,7 +16,7 @@ Order of work:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from .store import Store
@@ -78,3 +78,24 @@ def collect(store: Store, *, size_limit: int | None, evict_tuned: bool, orphan_g
         "size_limit": size_limit,
         "limit_met": size_limit is None or bytes_after <= size_limit,
     }
+
+
+def drop(store: Store, compile_keys: Sequence[str], tuning_keys: Sequence[str], *, dry_run: bool) -> dict[str, Any]:
+    """Remove the named tuning records, then the named compile entries, then each blob no remaining
+    entry uses (re-checked through the tag index right before deleting, as :func:`collect` does).
+    Absent keys are skipped. Returns the counts and blob bytes removed (``dry_run``: would remove)."""
+    ns = store.namespaces
+    rows = {row.key: row for row in ns.compile.rows() if row.key is not None}
+    gone = {key for key in compile_keys if key in rows}
+    records = [key for key in dict.fromkeys(tuning_keys) if ns.tuning.contains(key)]
+    still_used = {row.tag for key, row in rows.items() if key not in gone}
+    freed = {tag for key in gone if (tag := rows[key].tag)} - still_used
+    sizes = {row.key: row.size for row in ns.blobs.rows()}
+    if dry_run:
+        return {"compile_entries": len(gone), "tuning_records": len(records), "blobs": len(freed),
+                "bytes": sum(sizes.get(digest, 0) for digest in freed)}
+    removed_records = sum(ns.tuning.delete(key) for key in records)
+    removed_entries = sum(ns.compile.delete(key) for key in gone)
+    blobs = [digest for digest in freed if not ns.compile.is_tagged(digest) and ns.blobs.delete(digest)]
+    return {"compile_entries": removed_entries, "tuning_records": removed_records, "blobs": len(blobs),
+            "bytes": sum(sizes.get(digest, 0) for digest in blobs)}

@@ -352,6 +352,14 @@ class Store:
         limit = self.size_limit if size_limit is None else size_limit
         return eviction.collect(self, size_limit=limit, evict_tuned=evict_tuned, orphan_grace_s=orphan_grace_s)
 
+    def drop(self, compile_keys: Sequence[str], tuning_keys: Sequence[str], *, dry_run: bool = False
+             ) -> dict[str, Any]:
+        """Remove these entries and the blobs only they used (``dry_run``: count, remove nothing);
+        see :func:`cache.eviction.drop`."""
+        if not dry_run:
+            self._require_writable("remove entries")
+        return eviction.drop(self, compile_keys, tuning_keys, dry_run=dry_run)
+
     def export_bundle(self, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None = None,
                       sign_key: Key | None = None, sequence: int | None = None,
                       expires: float | None = None) -> dict[str, Any]:
@@ -461,6 +469,14 @@ def _as_bytes(data: object, what: str) -> bytes:
     raise ValueError(f"{what} must be bytes, got {type(data).__name__}")
 
 
+def is_writable(path: Path) -> bool:
+    """Whether this process could write the cache at ``path`` (the directory, its namespaces and
+    their indexes); asks the OS, writes nothing."""
+    # -wal/-shm files come and go with writers; a path that vanished since the glob is no evidence.
+    return all(os.access(p, os.W_OK) or not p.exists()
+               for p in (path, *path.glob("*/"), *path.glob("*/cache.db")))
+
+
 def _resolve_readonly(path: Path, readonly: bool | None) -> bool:
     """Decide the store's mode; creates the directory when it may write."""
     if readonly:
@@ -469,9 +485,7 @@ def _resolve_readonly(path: Path, readonly: bool | None) -> bool:
         raise CacheError(f"cache path {path} exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        # -wal/-shm files come and go with writers; a path that vanished since the glob is no evidence.
-        writable = all(os.access(p, os.W_OK) or not p.exists()
-                       for p in (path, *path.glob("*/"), *path.glob("*/cache.db")))
+        writable = is_writable(path)
         reason = "is not writable"
     except OSError as exc:
         writable, reason = False, f"cannot be created ({exc.strerror})"

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import threading
 from operator import attrgetter
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import cuda.tile as ct
@@ -131,6 +132,13 @@ class TunedKernel:
 
     def __repr__(self) -> str:
         return f"<ctbuild kernel {self.name} axes={list(self.axes)}>"
+
+    @property
+    def folder(self) -> Path | None:
+        """The folder of the kernel's source file (None for code with no file): the runtime
+        looks for the project's ctbuild.toml upward from here."""
+        filename = self.pyfunc.__code__.co_filename
+        return None if filename.startswith("<") else Path(filename).parent
 
     @property
     def fingerprint(self) -> str:
@@ -304,7 +312,12 @@ class TunedKernel:
                 **kwargs: Any) -> dict[str, Any]:
         """What a call would be served with, without launching it: ``config``, ``config_from``,
         ``bucket``, ``cubin_class`` (exact / relaxed / generic / miss), ``compile_key``,
-        ``cached``... With ``arch`` given no GPU is needed (``Tensor`` specs work)."""
+        ``cached``, ``cache`` (the directory and why it is that one)... For a miss or an
+        untuned call also ``why`` (what of the call no declared workload has: a dtype, a rank,
+        a size, a size beyond a `Dim`'s range, a ``ct.Constant``'s value, a layout),
+        ``nearest`` (the closest declared workload) and ``fix`` (the edit or command that
+        covers it). With ``arch`` given no GPU is needed (``Tensor`` specs work); nothing is
+        created, counted or recorded."""
         return self.runtime.explain(args, kwargs, arch=arch, gpu=gpu)
 
 

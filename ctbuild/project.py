@@ -1,7 +1,8 @@
 """Project configuration: ``ctbuild.toml`` or ``[tool.ctbuild]`` in ``pyproject.toml``.
 
 Precedence: command-line flags > the environment (cache dir only, `ctbuild.settings`) > the
-file > defaults.
+file > defaults. The file is ``--config``, else ``$CTBUILD_CONFIG``, else the one found upward
+from the current directory.
 Relative paths in the file are relative to the file, so a build works from any directory.
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Project:
     modules: list[str] = field(default_factory=list)
     archs: list[Arch] = field(default_factory=lambda: [Arch("sm_90")])
     cache_dir: Path = Path(settings.DEFAULT_CACHE_DIR)
+    #: the cache directory as chosen, with why (`settings.choose_cache`'s order)
+    cache: settings.CacheChoice = field(default_factory=lambda: settings.cache_choice())
     cap: int = DEFAULT_CAP
     paths: list[Path] = field(default_factory=list)
     generic: bool = True            # build the generic fallback CUBINs (generic_fallback)
@@ -92,23 +95,18 @@ def _within(filename: str, directory: Path) -> bool:
         return False
 
 
-def _discover(start: Path) -> Path | None:
-    for name in ("ctbuild.toml", "pyproject.toml"):
-        candidate = start / name
-        if candidate.is_file() and (name == "ctbuild.toml" or "[tool.ctbuild]" in
-                                    candidate.read_text(errors="replace")):
-            return candidate
-    return None
-
-
 def load_project(path: str | os.PathLike | None = None, *, archs: str | list[str] | None = None,
                  cache_dir: str | None = None, cap: int | None = None) -> Project:
-    """Read the config file (or discover one in the current directory) and apply overrides."""
-    file = Path(path) if path else _discover(Path.cwd())
+    """Read the config file (``path``, else ``$CTBUILD_CONFIG``, else found upward from the
+    current directory: `settings.project_config`) and apply overrides."""
+    try:
+        file, how = settings.project_config(path)
+    except settings.SettingsError as exc:
+        raise ConfigError(str(exc)) from None
     table: dict[str, Any] = {}
     if file is not None:
         if file.is_dir():
-            inside = _discover(file)
+            inside = settings.config_in(file)
             raise ConfigError(f"--config {file} is a directory; pass the config file itself"
                               + (f", e.g. --config {inside}" if inside else
                                  " (it holds no ctbuild.toml or pyproject.toml with [tool.ctbuild])"))
@@ -142,11 +140,14 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | list[str
     project.cap = cap if cap is not None else int(table.get("cap", DEFAULT_CAP))
     if project.cap < 1:
         raise ConfigError(f"{project.where}: cap must be >= 1, got {project.cap}")
-    project.cache_dir = settings.cache_dir(cache_dir, config_value=table.get("cache_dir"),
-                                           config_base=base).resolve()
+    project.cache = settings.cache_choice(cache_dir, config_value=table.get("cache_dir"),
+                                          config_file=file, how=how)
+    project.cache_dir = project.cache.path.resolve()
     if file is None:
-        raise ConfigError(f"no config file found: {Path.cwd()} has no ctbuild.toml and no pyproject.toml "
-                          "with [tool.ctbuild]; pass --config PATH or run from the project directory")
+        raise ConfigError(f"no config file found: neither {Path.cwd()} nor a folder above it has "
+                          "a ctbuild.toml or a pyproject.toml with [tool.ctbuild], and "
+                          f"{settings.CONFIG_ENV} is unset; pass --config PATH or run from the "
+                          "project directory")
     if not project.modules:
         raise ConfigError(f"{project.where}: no modules to import; set modules = [\"pkg.kernels\"]")
     return project

@@ -108,6 +108,8 @@ class TuningRecord:
     #: "workload" (declared or recorded specs) or "online" (the caller's tensors)
     source: str = "workload"
     tuned_at: str = ""
+    #: set by the store when the record is written (seconds since the epoch)
+    created: float | None = None
     format: int = TUNING_FORMAT
 
     def to_json(self) -> dict[str, Any]:

@@ -33,7 +33,8 @@ def cache(tmp_path) -> Path:
     with Store(root) as store:
         for i in range(6):
             store.put_compile(f"key{i:02d}" + "x" * 40, cubin(i), symbol=f"sym{i}",
-                              meta={"kernel": "matmul" if i < 4 else "softmax", "arch": "sm_90" if i % 2 else "sm_100"})
+                              meta={"kernel": "matmul" if i < 4 else "softmax", "arch": "sm_90" if i % 2 else "sm_100",
+                                    **({"class": "relaxed"} if i == 5 else {})})
         store.put_tuning("tune-matmul", {"kernel": "matmul", "arch": "sm_90", "compile_key": "key01" + "x" * 40})
     return root
 
@@ -55,6 +56,10 @@ def test_stats_ls_and_default_dir_resolution(cache, tmp_path):
     assert {c["symbol"] for c in out["compile"]} == {"sym0", "sym1", "sym2", "sym3"}
     code, text, _ = cli("ls", "--cache", str(cache), "--arch", "sm_90")
     assert code == 0 and "3 compile entries, 1 tuning records" in text and "key01xxxxxxxxxxx " in text
+    # the signature class column: recorded, else exact (what entries written before classes are)
+    classes = {line.split()[1]: line.split()[3] for line in text.splitlines() if line.startswith("compile ")}
+    assert classes == {"matmul": "exact", "softmax": "relaxed"}
+    assert text.splitlines()[0].split()[:4] == ["KIND", "KERNEL", "ARCH", "CLASS"]
 
 
 def test_verify_clean_then_corrupt_then_repair(cache):

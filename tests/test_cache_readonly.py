@@ -123,7 +123,7 @@ def test_unwritable_dir_is_detected_serves_lookups_and_refuses_writes(frozen_cac
         if code == 2:
             assert "read-only" in result["error"] and "read-only" in proc.stderr
         if args == ["stats"]:
-            assert result["compile_entries"] == N and result["readonly"] is True
+            assert result["compile_entries"] == N and result["writable"] is False
     assert snapshot(frozen_cache) == before
 
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cuda.tile as ct
 import pytest
 from conftest import ROOT, RUNTIME_TOOLCHAIN, run_cli
+
+import ctbuild
+from ctbuild import Dim, Product, Tensor
 
 PROJECT = ROOT / "tests" / "fixtures" / "coverage_project"
 
@@ -194,8 +198,21 @@ def test_lookup_order_and_explain(compiled_add) -> None:
         assert (e["cubin_class"], e["compile_key"]) == ("exact", jobs["relaxed"].key), n
     for e in (explain(4096, align=4), explain(64, strides=(2,)), explain(7, strides=(0,))):
         assert (e["cubin_class"], e["compile_key"]) == ("generic", jobs["generic"].key)
+    assert exact["why"] == ["declared, but not tuned on this GPU (no tuning record)"]
     miss = explain(4096, dtype="float16")  # a dtype never declared: nothing covers it
     assert miss["cubin_class"] == "miss" and not miss["cached"]
+    assert miss["why"][0] == "X: dtype float16, declared float32"
+    assert miss["nearest"].startswith("Workload(X=Tensor((Dim('N', 1, 16777216),), float32)")
+    assert miss["fix"].startswith("add {'X': Tensor((Dim('N', 1, 16777216),), 'float16'), ")
+    # Above the Dim's range its relaxed CUBIN would serve, but no build planned or tuned that
+    # size: a miss naming the range, never "exact" with no bucket.
+    beyond = explain(1 << 25)
+    assert (beyond["cubin_class"], beyond["bucket"], beyond["cached"]) == ("miss", None, False)
+    assert beyond["why"][0] == ("X dim 0: size 33554432 is above the range [1, 16777216] of "
+                                "Dim('N', 1, 16777216)")
+    assert beyond["fix"] == ("widen Dim('N', 1, 16777216) to Dim('N', 1, 33554432) in "
+                             "workloads=[...]")
+    assert "(runtime.configure(store=...))" in beyond["cache"]
     # Strict mode resolves every covered call (a tuning miss is counted, not raised) ...
     t = Tensor((1,), "float32")
     res = k.runtime.resolve((t, t, t), arch="sm_90", gpu="NVIDIA H200")
@@ -204,6 +221,9 @@ def test_lookup_order_and_explain(compiled_add) -> None:
     h = Tensor((4096,), "float16")
     with pytest.raises(CacheMissError):
         k.runtime.resolve((h, h, h), arch="sm_90", gpu="NVIDIA H200")
+    big = Tensor((1 << 25,), "float32")  # ... or when no declaration covers the size
+    with pytest.raises(CacheMissError, match=r"size 33554432 is above the range"):
+        k.runtime.resolve((big, big, big), arch="sm_90", gpu="NVIDIA H200")
 
 
 def test_recorded_workloads_are_discovered_for_tuning(cov, runtime_store,
@@ -276,7 +296,65 @@ def test_a_pulled_cache_image_serves_what_explain_says(compiled_add, tmp_path: P
     runtime.configure(store=Store(tmp_path / "pulled", readonly=True), mode="strict")
     assert k.runtime.ctx.store.path == tmp_path / "pulled"  # explain and resolve read the pulled cache
     after = [k.explain(t, t, t, arch="sm_90", gpu="NVIDIA H200") for t in (t4096, t1)]
-    assert after == before and [e["compile_key"] for e in after] == [jobs["exact"].key, jobs["relaxed"].key]
+    def same(e: dict) -> dict:  # all but which cache answered
+        return {k: v for k, v in e.items() if k != "cache"}
+    assert [same(e) for e in after] == [same(e) for e in before]
+    assert [e["compile_key"] for e in after] == [jobs["exact"].key, jobs["relaxed"].key]
     assert all(e["cached"] for e in after)
     res = k.runtime.resolve((t1, t1, t1), arch="sm_90", gpu="NVIDIA H200")
     assert res.cubin_class == "relaxed"
+
+
+@ctbuild.autotune(space=Product(TILE=[16]),
+                  grid=lambda cfg, w: (ct.cdiv(w.X.shape[0], cfg.TILE),),
+                  workloads=[{"X": Tensor((Dim("L", 1, 64),), "float32")}])
+@ct.kernel
+def range_probe(X, TILE: ct.Constant[int]):
+    ct.store(X, index=(ct.bid(0),), tile=ct.load(X, index=(ct.bid(0),), shape=(TILE,)))
+
+
+def test_a_size_beyond_a_dim_is_a_miss_when_called(stub_gpu: list[tuple], runtime_store,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call with L=128 (declared up to 64) whose signature a cached CUBIN has: strict mode
+    refuses it (before, it launched the default config silently); default mode launches it
+    and counts a range miss."""
+    torch = pytest.importorskip("torch")
+    from ctbuild import runtime
+    from ctbuild.serve.miss_policy import CacheMissError
+    from ctbuild.signature import derive_signature
+    x = torch.zeros(128)
+    cfg = range_probe.default_config(range_probe.workloads[0])
+    spec = range_probe.bind(Tensor((128,), "float32"))  # x's layout
+    sig = derive_signature(range_probe.kernel, range_probe.kernel_args(cfg, spec))
+    key = runtime.context().source.key_for(range_probe, cfg, sig, "sm_90")
+    runtime_store.put_compile(key, b"fake cubin", symbol=sig.symbol,
+                              meta={"kernel": "range_probe"})
+    for mode in ("strict", "default"):
+        ctx = runtime.configure(store=runtime_store, mode=mode)
+        monkeypatch.setattr(ctx, "device_info", lambda d: ("sm_90", "NVIDIA H100 80GB HBM3"))
+        assert range_probe.explain(x, arch="sm_90")["cubin_class"] == "miss"
+        if mode == "strict":
+            with pytest.raises(CacheMissError, match=r"size 128 is above the range \[1, 64\]"):
+                range_probe(x)
+            assert stub_gpu == []
+        else:
+            range_probe(x)
+            assert len(stub_gpu) == 1 and ctx.misses.total("range_probe")["range"] == 1
+
+
+def test_explain_names_a_constant_and_a_rank_no_workload_declares(
+        runtime_store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """add_eps declares eps=1e-5 (a ct.Constant through args=) on 64x256 tensors."""
+    from ctbuild import runtime
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures" / "identity_project"))
+    from idkernels.eps import add_eps
+    runtime.configure(store=runtime_store, mode="strict")
+    x = Tensor((64, 256), "float32")
+    eps = add_eps.explain(x, x, 1e-6, arch="sm_90")
+    assert eps["cubin_class"] == "miss" and eps["why"] == [
+        "eps: ct.Constant value 1e-06, declared 1e-05"]
+    assert eps["fix"] == ("add {'X': Tensor((64, 256), 'float32'), 'OUT': Tensor((64, 256), "
+                          "'float32'), 'eps': 1e-06} to workloads=[...]")
+    batched = Tensor((2, 64, 256), "float32")
+    rank = add_eps.explain(batched, batched, 1e-5, arch="sm_90")
+    assert rank["why"][0] == "X: rank 3 (2, 64, 256), declared rank 2"

@@ -203,3 +203,65 @@ def test_constant_through_args_is_in_the_tuning_key(monkeypatch: pytest.MonkeyPa
     other = type(w)({**w, "eps": 1e-6})
     assert add_eps.tuning_key(w) != add_eps.tuning_key(other)
     assert workload_spec(add_eps, other)["eps"] == 1e-6  # recorded as the value, not a Scalar
+
+
+def _prune(config: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ctbuild", "cache", "prune", "--config",
+                           str(config), "--cache", str(cache), *extra],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_prune_after_a_kernel_edit_removes_the_old_version(two_builds: dict,
+                                                           tmp_path: Path) -> None:
+    """Edit idk's body and rebuild: its old CUBINs, their tuning record and blobs are stale.
+    prune --dry-run says so and removes nothing; the default keeps the last two versions;
+    --keep 1 removes the old version only (add_eps and the new version stay, verify is clean)."""
+    from ctbuild.build.prune import plan_prune
+    config_b, cache_b, _ = two_builds["b"]
+    project, cache = tmp_path / "proj", tmp_path / "cache"
+    shutil.copytree(config_b.parent, project)
+    shutil.copytree(cache_b, cache)
+    config = project / "ctbuild.toml"
+    before = _entries(cache)
+    old = {e["kernel_fp"] for e in before.values() if e["kernel"] == "idk"}
+    assert len(old) == 1
+    old_fp = old.pop()
+    key0 = next(k for k, e in before.items() if e["kernel"] == "idk")
+    with Store(cache) as store:  # the old version's winner, as `ctbuild tune` records it
+        store.put_tuning("t" * 32, {"kernel": "idk", "kernel_fp": old_fp, "arch": "sm_90",
+                                    "compile_key": key0, "config": before[key0]["config"]})
+    base = project / "idkernels" / "base.py"
+    text = base.read_text()
+    assert "+ OFFSETS[0]" in text
+    base.write_text(text.replace("+ OFFSETS[0]", "+ OFFSETS[1]"))
+    proc, _, rebuilt = precompile("--config", str(config), "--cache", str(cache), "--json",
+                                  "--workers", "1")
+    assert proc.returncode == 0, explain(proc)
+    stale = {k for k, e in before.items() if e["kernel_fp"] == old_fp}
+    assert rebuilt["compiled"] == len(stale) > 0
+
+    dry = _prune(config, cache, "--dry-run", "--keep", "1")
+    assert dry.returncode == 0, explain(dry)
+    assert f"would remove {old_fp[:12]}" in dry.stdout and "(dry run: nothing removed)" in dry.stdout
+    assert len(_entries(cache)) == len(before) + len(stale)
+    with Store(cache) as store:
+        fps = {e["kernel"]: e["kernel_fp"] for k, e in store.compile_entries() if k not in before}
+        fps["add_eps"] = next(e["kernel_fp"] for e in before.values() if e["kernel"] == "add_eps")
+        assert not plan_prune(fps, store.compile_entries(), store.tuning_records(), 2).dropped
+
+    done = _prune(config, cache, "--keep", "1", "--json")
+    assert done.returncode == 0, explain(done)
+    report = json.loads(done.stdout)
+    after = _entries(cache)
+    stale_blobs = {before[k]["digest"] for k in stale} - {e["digest"] for e in after.values()}
+    assert report["removed"]["compile_entries"] == len(stale)
+    assert report["removed"]["tuning_records"] == 1
+    assert report["removed"]["blobs"] == len(stale_blobs) > 0
+    assert set(after) == (set(before) - stale) | {k for k in after if k not in before}
+    assert {e["kernel_fp"] for e in after.values() if e["kernel"] == "idk"} == {fps["idk"]}
+    with Store(cache) as store:
+        assert store.verify()["ok"] and store.get_tuning("t" * 32) is None
+        assert store.stats()["blobs"] == len({e["digest"] for e in after.values()})
+    bad = _prune(config, cache, "--keep", "0")
+    errors = [line for line in bad.stderr.splitlines() if "error:" in line]
+    assert bad.returncode == 2 and len(errors) == 1 and "--keep" in errors[0]

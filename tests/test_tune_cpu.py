@@ -343,3 +343,26 @@ def test_fleet_split_longest_first_and_slow_gpu():
         return {k: Timing(Config({"k": k}, "k"), v * scale, 0.1, 5) for k, v in t.items()}
     assert slow_gpus([0, 1, 2], [[lane(1.0), lane(1.01), lane(1.08)]]) == [
         {"lane": 2, "gpu": 2, "ratio": pytest.approx(1.08 / 1.01, abs=1e-4)}]
+
+
+@pytest.mark.skipif(__import__("conftest").cuda_available(),
+                    reason="needs measuring processes that die: no GPU visible")
+def test_fleet_moves_the_keys_of_a_dead_measuring_process(tmp_path):
+    """Two lanes; every measuring process dies (here: no GPU) with no candidate to blame: each
+    key is reported, moved to the other lane, and reported again with the move noted."""
+    from cache import Store
+    from ctbuild.project import load_project
+    from ctbuild.tune.fleet import FleetRun, tune_fleet
+    from ctbuild.tune.session import TuneOptions, entries_for
+    from ctbuild.tune.tuner import Device
+    entries = entries_for(load_project(FIXTURE / "ctbuild.toml").kernels())
+    run = FleetRun(str(FIXTURE / "ctbuild.toml"), str(tmp_path), TuneOptions(timeout_s=None),
+                   [0, 1])
+    seen: list[dict] = []
+    out, report = tune_fleet(run, entries, Store(tmp_path), Device(0, "sm_90", "Fake", "580"),
+                             "fp", emit=seen.append)
+    assert [s["status"] for s in out] == ["failed"] * len(entries) == ["failed", "failed"]
+    assert sorted(report["moved"]) == [e.index for e in entries]
+    assert all(s["note"].startswith("tuning process died") and "moved to another GPU" in
+               s["note"] for s in out), out
+    assert len(seen) == 4 and report["slow_gpus"] == []

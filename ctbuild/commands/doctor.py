@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import cutile, settings
-from ..project import ConfigError, load_project
 from ..toolchain import (
     ToolchainError,
     cuda_home_problem,
@@ -36,7 +35,8 @@ exit status: 0 when the machine can do its job, 1 otherwise (each problem is pri
 def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
     p = sub.add_parser(name, help=summary, description=summary, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="PATH", help="config file whose cache_dir to check")
+    p.add_argument("--config", metavar="PATH", help="config file whose cache_dir to check (default: $CTBUILD_CONFIG, "
+                   "else the ctbuild.toml found upward from the current directory)")
     p.add_argument("--cache", metavar="DIR", help="cache directory to check")
     p.add_argument("--serving", action="store_true",
                    help="check a serving node (precompiled kernels only, no tileiras needed)")
@@ -59,13 +59,10 @@ def _hot_path() -> str:
     return native_status()
 
 
-def _cache_dir(args: argparse.Namespace) -> Path:
-    """The cache to check: as `ctbuild.settings.cache_dir`, with the project's ``cache_dir``
-    when a config is found (and the default without one)."""
-    try:
-        return load_project(args.config, cache_dir=args.cache).cache_dir
-    except ConfigError:
-        return settings.cache_dir(args.cache).resolve()
+def _cache_dir(args: argparse.Namespace) -> settings.CacheChoice:
+    """The cache to check, chosen as every command and the runtime choose it
+    (`settings.choose_cache`: --cache, CTBUILD_CACHE_DIR, the config's cache_dir, default)."""
+    return settings.choose_cache(args.cache, config=args.config)
 
 
 def _writable(path: Path) -> tuple[bool, str]:
@@ -118,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
     report["gpu"] = _gpu()
     if args.serving:  # imports torch: only where kernels are served
         report["hot_path"] = _hot_path()
-    cache = _cache_dir(args)
+    chosen = _cache_dir(args)
+    cache = chosen.path
     ok, why = _writable(cache)
-    report["cache"] = {"dir": str(cache), "writable": ok, "status": why}
+    report["cache"] = {"dir": str(cache), "from": chosen.why, "writable": ok, "status": why}
     if args.serving:
         report["problems"] += _serving_problems(cache, report)
     elif not ok:
@@ -146,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"GPU            {gpu['arch'] if gpu['visible'] else 'none (' + gpu['reason'] + ')'}")
         if "hot_path" in report:
             print(f"hot path       {report['hot_path']}")
-        print(f"cache          {cache} ({why})")
+        print(f"cache          {cache} ({chosen.why}; {why})")
         for p in report["problems"]:
             print(f"PROBLEM: {p}")
         print("ok" if not report["problems"] else f"{len(report['problems'])} problem(s)")

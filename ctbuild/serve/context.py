@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
+from ..settings import CACHE_DIR_ENV
 from .kernel_store import KernelStore
 from .miss_policy import MissPolicy, Settings, parse_mode, serve_without_toolchain
 from .misses import MissLog, note_damage
@@ -26,10 +27,13 @@ class RuntimeContext:
     facts, misses."""
 
     def __init__(self, settings: Settings | None = None,
-                 store: KernelStore | None = None) -> None:
-        self.settings = settings or Settings.from_env()
+                 store: KernelStore | None = None, near: Path | None = None) -> None:
+        self.settings = settings or Settings.from_env(near)
         self.cache_dir = Path(store.path if store is not None else self.settings.cache_dir
                               ).expanduser().absolute()
+        #: why this cache, in words: `cache` says "DIR (why)" (`explain` reports it)
+        self.cache_from = "runtime.configure(store=...)" if store is not None else \
+            self.settings.cache_from
         self.mode = self.settings.mode
         self.misses = MissLog(record=self.settings.record)
         note_damage(self.cache_dir, None)
@@ -46,10 +50,35 @@ class RuntimeContext:
                                   on_miss=self.policy.on_launch_miss)
         self._devices: dict[int, tuple[str, str]] = {}
 
+    @property
+    def cache(self) -> str:
+        """The cache directory and why it is that one."""
+        return f"{self.cache_dir} ({self.cache_from})"
+
+    @property
+    def cache_problem(self) -> str | None:
+        """Why this context's cache can serve nothing (None: it can serve)."""
+        if self.toolchain_fp is not None:
+            return None
+        if self.store is None:
+            return f"no usable cache at {self.cache}"
+        return (f"the cache {self.cache} records no toolchain for this cuda-tile and env: it "
+                "can serve nothing")
+
     def _open_store(self) -> KernelStore | None:
+        """The cache's store; None (every lookup a miss) where there is no directory: resolving
+        and explaining create none, and an empty new cache could serve nothing anyway."""
+        if not self.cache_dir.is_dir():
+            log.warning("ctbuild: no cache at %s: every lookup is a miss (set %s or cache_dir "
+                        "in ctbuild.toml to the built cache)", self.cache, CACHE_DIR_ENV)
+            return None
         from cache import Store
+        from cache.layout import LAYOUT_FILE
+        # A directory that holds no cache yet (an empty volume) is opened read-only: it can
+        # serve nothing, and explaining or resolving must not write into it.
+        fresh = not any((self.cache_dir / name).exists() for name in (LAYOUT_FILE, "compile"))
         try:
-            return Store(self.cache_dir, on_damage=self._on_damage)
+            return Store(self.cache_dir, on_damage=self._on_damage, readonly=True if fresh else None)
         except Exception as exc:  # a broken or foreign cache dir: every lookup is a miss
             log.error("ctbuild: cannot open the cache at %s: %s; every lookup is a miss",
                       self.cache_dir, exc)
@@ -100,14 +129,16 @@ _CONTEXT: RuntimeContext | None = None
 _CONTEXT_LOCK = threading.Lock()
 
 
-def context() -> RuntimeContext:
-    """The process's runtime context (created on first use from the environment)."""
+def context(near: Path | None = None) -> RuntimeContext:
+    """The process's runtime context (created on first use from the environment; its cache's
+    config is looked for upward from ``near``, the first kernel's folder, then the current
+    directory: `ctbuild.settings`)."""
     global _CONTEXT
     ctx = _CONTEXT
     if ctx is None:
         with _CONTEXT_LOCK:
             if _CONTEXT is None:
-                _CONTEXT = RuntimeContext()
+                _CONTEXT = RuntimeContext(near=near)
             ctx = _CONTEXT
     return ctx
 
@@ -121,6 +152,8 @@ def configure(*, cache_dir: str | Path | None = None, mode: str | None = None,
     base = Settings.from_env()
     settings = Settings(
         cache_dir=Path(cache_dir) if cache_dir is not None else base.cache_dir,
+        cache_from="runtime.configure(cache_dir=...)" if cache_dir is not None else
+        base.cache_from,
         mode=parse_mode(mode) if mode is not None else base.mode,
         disable_autotune=base.disable_autotune if disable_autotune is None else disable_autotune,
         record=Path(record) if record is not None else base.record)

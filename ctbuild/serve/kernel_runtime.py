@@ -68,7 +68,7 @@ class KernelRuntime:
 
     def __init__(self, tuned: TunedKernel, ctx: RuntimeContext | None = None) -> None:
         self.tuned, self.name = tuned, tuned.name
-        self.ctx = ctx or context()
+        self.ctx = ctx or context(near=tuned.folder)
         self.resolver = Resolver(tuned, self.ctx)
         self._lock = self.resolver.lock
         self._fast: dict[tuple, Entry] = {}  # the hot-path memo: key -> entry
@@ -296,7 +296,16 @@ class KernelRuntime:
         """`TunedKernel.explain`: what `resolve` decides for a call, as a dict, launching
         nothing, counting and recording nothing."""
         res = self.resolver.resolve(args, kwargs, arch=arch, gpu=gpu, dry=True)
-        return explanation(res, self.name, self.ctx.mode)
+        out = explanation(res, self.name, self.ctx.mode)
+        out["cache"] = self.ctx.cache
+        if res.cubin_class == "miss" or res.config_from == "default":
+            from ..miss_reasons import explain_gaps
+            assert res.spec is not None
+            out.update(explain_gaps(self.tuned.declared_workloads, res.spec,
+                                    self.tuned.constant_args(res.workload),
+                                    cubin_miss=res.cubin_class == "miss", arch=res.arch,
+                                    cache_problem=self.ctx.cache_problem))
+        return out
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
         return self.resolver.served_kernel(cfg)

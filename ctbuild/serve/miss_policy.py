@@ -70,10 +70,18 @@ class Settings:
     mode: str = DEFAULT_MODE
     disable_autotune: bool = False
     record: Path | None = None
+    #: why the cache is that one, in words (`settings.CacheChoice.why`)
+    cache_from: str = ""
 
     @classmethod
-    def from_env(cls) -> Settings:
-        return cls(cache_dir=settings.cache_dir(),
+    def from_env(cls, near: Path | None = None) -> Settings:
+        """The environment's settings; the cache as `settings.choose_cache` finds it from
+        ``near`` (the first kernel's folder) and the current directory."""
+        try:
+            cache = settings.choose_cache(near=near)
+        except settings.SettingsError as exc:
+            raise RuntimeConfigError(f"ctbuild: {exc}") from None
+        return cls(cache_dir=cache.path, cache_from=cache.why,
                    mode=parse_mode(settings.env(settings.MODE_ENV)),
                    disable_autotune=settings.env_flag(settings.DISABLE_AUTOTUNE_ENV),
                    record=settings.record_file())
@@ -140,6 +148,21 @@ class MissPolicy:
         self.misses.note("cubin", tuned.name, key, message, workload_json, arch)
         if self.mode == "strict":
             raise CacheMissError(message, kernel=tuned.name, what="cubin", key=key, arch=arch)
+
+    def range_miss(self, tuned: TunedKernel, beyond: str, arch: str,
+                   workload_json: dict[str, Any]) -> None:
+        """A call with a size outside a declared `Dim`'s range: no build planned, compiled or
+        tuned it, whatever CUBIN happens to cover it. Counted and recorded as a miss; strict
+        mode raises."""
+        message = (f"ctbuild: kernel {tuned.name!r} ({tuned.module}) on {arch}: {beyond}, so "
+                   f"no build planned or tuned this call.\n  workload: "
+                   f"{json.dumps(workload_json)}\n  Fix: widen the Dim in workloads=[...], then "
+                   f"`ctbuild precompile --config ctbuild.toml --arch {arch}` and `ctbuild tune` "
+                   "(or set CTBUILD_MODE=default to run the default config).")
+        self.misses.note("range", tuned.name, json.dumps(workload_json, sort_keys=True),
+                         message, workload_json, arch)
+        if self.mode == "strict":
+            raise CacheMissError(message, kernel=tuned.name, what="range", key="", arch=arch)
 
     @contextlib.contextmanager
     def first_launch(self, kernel: str, workload_json: dict[str, Any], arch: str,

@@ -19,6 +19,7 @@ from ..arch import Arch
 from ..device_table import DeviceInfo, cuda_device, nominal_device
 from ..dims import find_bucket
 from ..keys import record_key_for
+from ..miss_reasons import beyond_range
 from ..records import stored_tuning
 from ..signature import derive_signature
 from ..space import Config
@@ -58,6 +59,7 @@ class Resolved:
     workload_json: dict[str, Any]
     keys_needed: str            # the key level the declared functions' reads need
     signature: str | None       # mangled symbol of the exact launch signature, if derivable
+    spec: Workload | None = None  # the call as specs (`live_args.workload_spec`)
 
 
 class Resolver:
@@ -94,6 +96,10 @@ class Resolver:
             wl_json = workload_json(spec_w)
             bucket = find_bucket(tuned.dynamic_workloads, spec_w) \
                 if tuned.dynamic_workloads else None
+            beyond = beyond_range(tuned.dynamic_workloads, spec_w, tuned.constant_args(w)) \
+                if bucket is None and tuned.dynamic_workloads else None
+            if beyond is not None and not dry:  # strict mode raises here
+                self.ctx.policy.range_miss(tuned, beyond, arch, wl_json)
             reads = DeclarationReads()
             with reads:
                 keys = [tuned.tuning_key(w)]
@@ -115,6 +121,8 @@ class Resolver:
                 cubin_class, cubin_from = "miss", "jit"
                 if not dry and compile_key is not None:
                     self.ctx.policy.cubin_miss(tuned, cfg, compile_key, arch, wl_json)
+            elif beyond is not None:  # a CUBIN covers it, but no build planned or tuned it
+                cubin_class = "miss"
             served = self.served_kernel(cfg)
             with reads:
                 grid = tuned.grid(cfg, w, dev)
@@ -125,7 +133,7 @@ class Resolver:
             return Resolved(cfg, config_from, cubin_from, cubin_class,
                             bucket.to_json() if bucket is not None else None, arch, gpu, device,
                             tk, record_key, compile_key, grid, kernel_args, served, w, wl_json,
-                            reads.needs, signature)
+                            reads.needs, signature, spec_w)
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
         """The one `ServedKernel` of a config (created on first use, thread-safe)."""
