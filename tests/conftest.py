@@ -38,6 +38,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def stub_libcuda_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a freshly compiled stub ``libcuda.so.1`` (tests/stub_libcuda.c):
+    with it on ``LD_LIBRARY_PATH`` cuTile's real dispatcher runs on a CPU machine."""
+    import shutil
+    import subprocess
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("gcc not found: cannot build the stub libcuda.so.1 for the parity test")
+    out = tmp_path_factory.mktemp("stub_libcuda")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"),
+                    str(ROOT / "tests" / "stub_libcuda.c")], check=True, capture_output=True,
+                   text=True)
+    return out
+
+
 @pytest.fixture
 def examples_on_path(monkeypatch: pytest.MonkeyPatch) -> Path:
     """Make the example kernels importable (as `ctbuild plan` would from the config)."""
