@@ -78,11 +78,12 @@ RUNTIME_TOOLCHAIN = "e" * 32
 def runtime_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A fresh cache with a recorded toolchain, no runtime env vars, and a runtime reset after."""
     from cache import Store
-    from ctbuild import runtime
+    from ctbuild import cutile, runtime
     for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
         monkeypatch.delenv(var, raising=False)
     store = Store(tmp_path / "cache")
-    store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
+    store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": cutile.version(), "env": {},
+                                            "created": 1.0})
     yield store
     runtime.reset()
 

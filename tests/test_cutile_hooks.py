@@ -147,3 +147,23 @@ def test_dispatcher_takes_what_the_serving_kernel_returns(stub_libcuda_dir) -> N
                          cwd=tests.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "['sm_90']"
+
+
+def test_both_compile_paths_give_a_cubin() -> None:
+    """cuTile's own compile (``kernel._compile``, the runtime's JIT) and ctbuild's (the
+    anonymized front end, then tileiras) both run on this cuda-tile, with no GPU."""
+    from ctbuild.arch import Arch
+    from ctbuild.signature import derive_signature
+    from ctbuild.specs import Tensor
+    from ctbuild.toolchain import compile_environment
+
+    kernel = cutile.ServingKernel(cutile._probe)
+    signature = derive_signature(kernel, (Tensor((64,), "float32"), 4))
+    signature = signature.with_mangled_symbol("_probe")
+    cubin, symbol, lifecycle = kernel.compile_with_cutile(signature, cext.default_tile_context,
+                                                          Arch("sm_90"))
+    assert cubin[:4] == b"\x7fELF" and symbol == signature.symbol and lifecycle == ()
+    with cutile.compiler_lock(), compile_environment():
+        ir = cutile.front_end(kernel, signature, "sm_90", cutile.compiler_options(kernel))
+    assert ir.bytecode and not (ir.preview_features or ir.linker_inputs or
+                                ir.lifecycle_providers)
