@@ -3,15 +3,29 @@ PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 CACHE ?= .ctbuild-cache
+# pyproject takes cuda-tile>=1.6,<1.8; .venv pins the newest for reproducible runs, and
+# `make test-matrix` runs the version-sensitive tests under the oldest in .venv16.
+CUTILE := 1.7.0
+CUTILE_OLDEST := 1.6.0
+VENV16 := .venv16
+STAMP16 := $(VENV16)/.installed
 
 # setup.py and the C source: the editable install builds the C module into the source tree.
 $(STAMP): pyproject.toml setup.py ctbuild/serve/_fast_path.c
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[test]' --config-settings editable_mode=compat
+	$(VENV)/bin/pip install -q torch==2.13.0 'cuda-tile[tileiras]==$(CUTILE)' -e '.[test]' \
+		--config-settings editable_mode=compat
 	touch $@
 
-.PHONY: examples test plan lint
+$(STAMP16): pyproject.toml setup.py ctbuild/serve/_fast_path.c
+	$(PY) -m venv $(VENV16)
+	$(VENV16)/bin/pip install -q --upgrade pip
+	$(VENV16)/bin/pip install -q torch==2.13.0 'cuda-tile[tileiras]==$(CUTILE_OLDEST)' \
+		-e '.[test]' --config-settings editable_mode=compat
+	touch $@
+
+.PHONY: examples test test-matrix plan lint
 examples: $(STAMP)  ## precompile the example kernels on an embedded Ray into $(CACHE)
 	$(VENV)/bin/ctbuild precompile --config examples/ctbuild.toml --cache $(CACHE)
 
@@ -20,6 +34,18 @@ plan: $(STAMP)
 
 test: $(STAMP)  ## the whole CPU suite (GPU tests skip without a GPU)
 	$(VENV)/bin/python -m pytest -q
+
+# What depends on cuTile's internals: its private hooks, the signature rules (parity with its
+# own dispatcher on a stub libcuda), kernel identity and keys through real compiles, and a
+# cache built by the other version (OTHER_CUTILE_PYTHON) missing under this one.
+MATRIX_TESTS ?= tests/test_cutile_hooks.py tests/test_cutile_versions.py \
+	tests/test_signature_parity.py tests/test_runtime_keys.py tests/test_identity_fingerprint.py \
+	tests/test_identity_keys.py tests/test_identity_build.py tests/test_precompile_incremental.py \
+	tests/test_gpu_signature_parity.py tests/test_identity_gpu.py tests/test_runtime_gpu.py
+
+test-matrix: $(STAMP16) $(STAMP)  ## those tests under cuda-tile $(CUTILE_OLDEST) (in .venv16)
+	OTHER_CUTILE_PYTHON=$(abspath $(VENV))/bin/python $(VENV16)/bin/python -m pytest -q \
+		$(MATRIX_TESTS)
 
 # The packages `make lint` type-checks with mypy (ruff also checks tests, benchmarks, examples).
 LINT_PACKAGES ?= ctbuild farm cache

@@ -4,15 +4,17 @@ ctbuild serves precompiled CUBINs through hooks cuTile does not promise to keep:
 object's ``_compile`` (the dispatcher calls it on a miss of its in-memory launch cache), a
 ``ct.kernel``'s ``_pyfunc``, ``_annotated_function`` and ``_compiler_options``, functions of
 ``cuda.tile._cext``, and for the build the compiler entry points of ``cuda.tile._compile``.
-They changed between cuda-tile 1.6 and 1.7, so ctbuild pins one version and `check` runs at
-import: an unsupported cuda-tile fails at once, with one error naming every hook that changed,
-rather than mis-launching later or being chased through the code one hook at a time.
+cuTile changes them between releases, so ctbuild supports the series it was built for
+(`SUPPORTED`: cuda-tile 1.6 and 1.7) and `check` runs at import: an unsupported cuda-tile fails
+at once, with one error naming every hook that changed, rather than mis-launching later or
+being chased through the code one hook at a time.
 
-The rest of ctbuild calls the accessors at the end of this module (`pyfunc`,
-`constant_params`, `compiler_options`, `compute_capability`, ...), serves CUBINs through
-`ServingKernel` (the ``_compile`` override) and counts cuTile's own compiles with
-`compiles_in_this_thread`; only the compiler driver (`ctbuild.build.compiler`) also drives
-cuTile's front end itself.
+What differs between the supported series lives here and nowhere else (`SERIES`): 1.7's front
+end also reports preview features, tile libraries to link and library lifecycle providers, and
+its ``compile_cubin`` takes them; 1.6's front end returns the bytecode alone. The rest of
+ctbuild calls the accessors at the end of this module (`pyfunc`, `constant_params`,
+`compiler_options`, `front_end`, `compile_cubin`, ...), serves CUBINs through `ServingKernel`
+(the ``_compile`` override) and counts cuTile's own compiles with `compiles_in_this_thread`.
 
 Serve hooks are checked on the live objects. Build hooks are checked from their module's
 source (names defined there), because importing cuTile's compiler costs seconds and the serve
@@ -37,7 +39,34 @@ import cuda.tile as ct
 
 from .arch import Arch
 
-SUPPORTED_CUTILE = "1.7.0"
+#: The cuda-tile releases ctbuild supports (pyproject's requirement), and those it was tested on.
+SUPPORTED = ">=1.6,<1.8"
+TESTED = ("1.6.0", "1.7.0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """What differs in cuTile's private interface between the supported series (checked at
+    import, used by `front_end` and `compile_cubin`)."""
+    #: ``_get_bytecode`` returns ``_BytecodeResult`` (bytecode, preview features, tile
+    #: libraries to link, library lifecycle providers), not the bytecode alone.
+    bytecode_result: bool
+    #: Keyword parameters of ``compile_cubin`` that pass the front end's extras to tileiras.
+    cubin_extras: tuple[str, ...]
+    #: The type of ``_compile``'s fourth item (library lifecycle providers) the dispatcher
+    #: takes: a list in 1.6 (a tuple is a TypeError there, None aborts the process), a
+    #: tuple in 1.7 (a list or None is a TypeError).
+    lifecycle: type
+    #: ``_cext._benchmark`` takes ``flush_l2`` (1.7); 1.6's takes (stream, grid, kernel, args).
+    benchmark_flush_arg: bool
+
+
+SERIES = {
+    "1.6": Series(bytecode_result=False, cubin_extras=(), lifecycle=list,
+                  benchmark_flush_arg=False),
+    "1.7": Series(bytecode_result=True, cubin_extras=("preview_features", "linker_inputs"),
+                  lifecycle=tuple, benchmark_flush_arg=True),
+}
 
 #: ``kernel._compile``'s leading parameters, which `ServedKernel` overrides and calls.
 COMPILE_PARAMS = ["self", "signature", "context", "compute_capability"]
@@ -65,12 +94,22 @@ def _probe(X, N: ct.Constant[int]):  # noqa: N803 - a kernel's parameter names, 
     """A kernel shape to check the per-kernel hooks on (never compiled)."""
 
 
+def version() -> str:
+    """The installed cuda-tile's version (``1.7.0``)."""
+    return str(getattr(ct, "__version__", "unknown"))
+
+
+def series(of: str | None = None) -> Series | None:
+    """The `Series` of a cuda-tile version (default: the installed one); None if unsupported."""
+    return SERIES.get(".".join((of or version()).split(".")[:2]))
+
+
 def problems() -> list[str]:
     """Every hook that is not what ctbuild relies on (empty when all fit)."""
     found = []
-    version = str(getattr(ct, "__version__", "unknown"))
-    if version != SUPPORTED_CUTILE:
-        found.append(f"version {version} (ctbuild supports {SUPPORTED_CUTILE})")
+    installed = series()
+    if installed is None:
+        found.append(f"version {version()} (ctbuild supports cuda-tile{SUPPORTED})")
     compile_fn = getattr(ct.kernel, "_compile", None)
     if compile_fn is None:
         found.append("kernel._compile is gone")
@@ -83,6 +122,29 @@ def problems() -> list[str]:
         found += _missing(module, names, _live_names)
     for module, names in BUILD_NAMES.items():
         found += _missing(module, names, _source_names)
+    if installed is not None:
+        found += _series_problems(installed)
+    return found
+
+
+def _series_problems(installed: Series) -> list[str]:
+    """The hooks whose shape differs by series: as this version's series has them."""
+    module = "cuda.tile._compile"
+    try:
+        tree = _source_tree(module)
+    except (ImportError, OSError, SyntaxError) as exc:
+        return [f"{module} ({exc})"]
+    found = []
+    if ("_BytecodeResult" in _top_level_names(tree)) != installed.bytecode_result:
+        found.append(f"{module}._get_bytecode's result (expected "
+                     f"{'_BytecodeResult' if installed.bytecode_result else 'the bytecode'} "
+                     f"in cuda-tile {version()})")
+    params = _function_params(tree, "compile_cubin")
+    if params is None:
+        found.append(f"{module}.compile_cubin is gone")
+    else:
+        found += [f"{module}.compile_cubin lacks {p}=" for p in installed.cubin_extras
+                  if p not in params]
     return found
 
 
@@ -124,11 +186,20 @@ def _live_names(module: str) -> set[str]:
 
 def _source_names(module: str) -> set[str]:
     """Names a module defines or imports at top level, read from its source (not imported)."""
+    return _top_level_names(_source_tree(module))
+
+
+@functools.lru_cache(maxsize=4)
+def _source_tree(module: str) -> ast.Module:
+    """A module's source, parsed (not imported)."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ImportError(f"no module {module}")
     with open(spec.origin, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), spec.origin)
+        return ast.parse(f.read(), spec.origin)
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -139,6 +210,15 @@ def _source_names(module: str) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return names
+
+
+def _function_params(tree: ast.Module, name: str) -> list[str] | None:
+    """The parameter names of a top-level function in a parsed module (None: no such one)."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            return [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    return None
 
 
 def _missing(module: str, names: tuple[str, ...], lister: Callable[[str], set[str]]
@@ -156,8 +236,8 @@ def check() -> None:
     if found:
         raise UnsupportedCuTileError(
             "ctbuild cannot use this cuda-tile; changed: " + "; ".join(found)
-            + f". Install the supported version: pip install "
-              f"'cuda-tile[tileiras]=={SUPPORTED_CUTILE}'")
+            + f". Install a supported version (tested: {', '.join(TESTED)}): pip install "
+              f"'cuda-tile[tileiras]{SUPPORTED}'")
 
 
 check()
@@ -189,8 +269,14 @@ def constant_params(kernel: ct.kernel) -> set[str]:
 
 def compiler_options(kernel: ct.kernel, **hints: Any) -> Any:
     """A kernel's compiler options (a dataclass: num_ctas, occupancy, opt_level, ...), with
-    ``hints`` applied (a copy; the kernel's own options are never changed)."""
-    return dataclasses.replace(kernel._compiler_options, **hints)
+    ``hints`` applied (a copy; the kernel's own options are never changed).
+
+    cuTile validates the hints, and what it takes differs by version (``num_worker_warps``:
+    4 or 8 in 1.6, a power of 2 up to 32 in 1.7), so its error names the version."""
+    try:
+        return dataclasses.replace(kernel._compiler_options, **hints)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (in cuda-tile {version()})") from None
 
 
 def compute_capability(device: int | None = None) -> tuple[int, int]:
@@ -264,6 +350,65 @@ def max_bytecode_version() -> Any:
         return compiler()._get_max_supported_bytecode_version(tmp)
 
 
+def compiler_lock() -> Any:
+    """cuTile's process-wide compiler lock (reentrant): hold it around every compile step."""
+    return compiler()._compiler_lock
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontEnd:
+    """cuTile's front-end output for one signature: the TileIR bytecode, and what tileiras
+    needs beside it. The extras are always empty under cuda-tile 1.6, whose front end has none
+    of them (foreign calls, tile libraries and library lifecycles came with 1.7)."""
+    bytecode: bytes
+    preview_features: tuple[str, ...] = ()
+    #: (path, version) of each tile library tileiras links.
+    linker_inputs: tuple[tuple[Any, str], ...] = ()
+    #: Library lifecycle provider modules the launch would have to initialize.
+    lifecycle_providers: tuple[ModuleType, ...] = ()
+
+
+def front_end(kernel: ct.kernel, signature: Any, arch: str, options: Any) -> FrontEnd:
+    """Run cuTile's front end (what ``compile_tile`` does before tileiras) for one signature,
+    with debug info anonymized, so no file path or line number reaches the bytecode. Callers
+    hold `compiler_lock` (and the compile env: it asks tileiras for its bytecode version)."""
+    from cuda.tile._passes.ast2hir import HirMode, get_function_hir
+
+    cc = compiler()
+    ann = kernel._annotated_function
+    keeper = cc._IrKeeper(ann_func=ann,
+                          func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
+                          signatures=[signature], bytecode_version=max_bytecode_version(),
+                          sm_arch=arch, log_cutile_ir=False, keep_all=False)
+    result = cc._get_bytecode(keeper, options, anonymize_debug_info=True)
+    if not _installed_series().bytecode_result:
+        return FrontEnd(bytes(result))
+    return FrontEnd(bytes(result.bytecode), tuple(result.preview_features),
+                    tuple(result.linker_inputs), tuple(result.library_lifecycle_providers))
+
+
+def compile_cubin(bytecode_file: str, options: Any, arch: str, ir: FrontEnd,
+                  timeout_sec: float | None) -> Any:
+    """tileiras on a bytecode file (the path of the CUBIN it wrote), with the front end's
+    preview features and tile libraries where this cuda-tile passes them. Callers hold
+    `compiler_lock` and the compile env."""
+    extras = {"preview_features": ir.preview_features,
+              "linker_inputs": tuple(path for path, _ in ir.linker_inputs)}
+    dropped = [k for k, v in extras.items() if v and k not in _installed_series().cubin_extras]
+    if dropped:  # cannot happen with this cuda-tile's own front end; never drop them silently
+        raise UnsupportedCuTileError(f"cuda-tile {version()} cannot pass {', '.join(dropped)} "
+                                     "to tileiras")
+    return compiler().compile_cubin(bytecode_file, options, arch, timeout_sec=timeout_sec,
+                                    **{k: extras[k] for k in _installed_series().cubin_extras})
+
+
+def _installed_series() -> Series:
+    found = series()
+    if found is None:  # `check` refused it at import; only a changed __version__ gets here
+        raise UnsupportedCuTileError(f"cuda-tile {version()} is not supported ({SUPPORTED})")
+    return found
+
+
 # ---- counting cuTile's own compiles -------------------------------------------------------------
 _COMPILES = threading.local()
 _COUNTING_INSTALLED = threading.Lock()
@@ -298,6 +443,10 @@ def compiles_in_this_thread() -> int:
     return int(getattr(_COMPILES, "n", 0))
 
 
+#: A new empty ``_compile`` fourth item of the type this cuda-tile's dispatcher takes.
+_NO_LIFECYCLE = _installed_series().lifecycle
+
+
 # ---- serving CUBINs through cuTile's dispatcher ---------------------------------------------------
 class ServingKernel(ct.kernel):
     """Base of a ``ct.kernel`` whose CUBINs come from elsewhere (the cache).
@@ -310,7 +459,7 @@ class ServingKernel(ct.kernel):
                  compute_capability: tuple[int, int] | None = None) -> tuple:
         major, minor = compute_capability or _current_capability()
         cubin, symbol = self.serve(signature, context, Arch.from_capability(major, minor))
-        return cubin, symbol, None, ()
+        return cubin, symbol, None, _NO_LIFECYCLE()
 
     def serve(self, signature: Any, context: Any, arch: Arch) -> tuple[bytes, str]:
         """(cubin, symbol) to launch for ``signature`` on ``arch``; subclasses decide."""
@@ -331,4 +480,7 @@ def benchmark_sample(stream: Any, grid: tuple[int, ...], kernel: Any, args: tupl
     samples (a CUDA graph, the L2 flushed before it when ``flush_l2``). The runoff between
     finalists uses it to interleave candidates round by round, which cuTile's search does not."""
     from cuda.tile._cext import _benchmark
+    installed = series()
+    if installed is not None and not installed.benchmark_flush_arg:
+        return float(_benchmark(stream, grid, kernel, args))
     return float(_benchmark(stream, grid, kernel, args, flush_l2))

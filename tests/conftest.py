@@ -38,6 +38,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def stub_libcuda_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a freshly compiled stub ``libcuda.so.1`` (tests/stub_libcuda.c):
+    with it on ``LD_LIBRARY_PATH`` cuTile's real dispatcher runs on a CPU machine."""
+    import shutil
+    import subprocess
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("gcc not found: cannot build the stub libcuda.so.1 for the parity test")
+    out = tmp_path_factory.mktemp("stub_libcuda")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"),
+                    str(ROOT / "tests" / "stub_libcuda.c")], check=True, capture_output=True,
+                   text=True)
+    return out
+
+
 @pytest.fixture
 def examples_on_path(monkeypatch: pytest.MonkeyPatch) -> Path:
     """Make the example kernels importable (as `ctbuild plan` would from the config)."""
@@ -62,11 +78,12 @@ RUNTIME_TOOLCHAIN = "e" * 32
 def runtime_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A fresh cache with a recorded toolchain, no runtime env vars, and a runtime reset after."""
     from cache import Store
-    from ctbuild import runtime
+    from ctbuild import cutile, runtime
     for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
         monkeypatch.delenv(var, raising=False)
     store = Store(tmp_path / "cache")
-    store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
+    store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": cutile.version(), "env": {},
+                                            "created": 1.0})
     yield store
     runtime.reset()
 

@@ -2,16 +2,22 @@
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 from pathlib import Path
 
 from conftest import run_cli
+
+#: The installed cuda-tile (from its distribution's metadata, not from ctbuild) and the other
+#: supported series, whose caches must not serve this one.
+CUTILE = version("cuda-tile")
+OTHER_CUTILE = "1.7.0" if CUTILE.startswith("1.6.") else "1.6.0"
 
 
 def test_doctor_reports_toolchain(tmp_path: Path) -> None:
     proc = run_cli("doctor", "--cache", str(tmp_path / "cache"), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    assert report["cuda_tile"] == "1.7.0"
+    assert report["cuda_tile"] == CUTILE
     assert len(report["toolchain"]["fingerprint"]) == 32
     assert Path(report["toolchain"]["paths"]["tileiras"]).name == "tileiras"
     assert report["toolchain"]["bytecode_version"] == "13.4"
@@ -65,9 +71,9 @@ def test_serving_mode_checks_the_cache_toolchain(tmp_path: Path) -> None:
     from ctbuild.toolchain import probe
     cache = tmp_path / "cache"
     with Store(cache) as store:
-        store.put_toolchain("old", {**probe().profile, "cuda_tile": "1.6.0"})
+        store.put_toolchain("old", {**probe().profile, "cuda_tile": OTHER_CUTILE})
     report = json.loads(run_cli("doctor", "--serving", "--json", "--cache", str(cache)).stdout)
-    assert any("records no toolchain for cuda-tile 1.7.0" in p for p in report["problems"])
+    assert any(f"records no toolchain for cuda-tile {CUTILE}" in p for p in report["problems"])
     with Store(cache) as store:
         store.put_toolchain(probe().fingerprint, probe().profile)
     report = json.loads(run_cli("doctor", "--serving", "--json", "--cache", str(cache)).stdout)

@@ -130,14 +130,14 @@ def test_a_bad_cuda_root_breaks_an_unstripped_tileiras(tmp_path: Path) -> None:
     script = ("import os, sys\nsys.path.insert(0, sys.argv[1])\n"
               "from ctbuild.project import load_project\nfrom ctbuild.build.compiler import tileir\n"
               "from ctbuild.build.plan import job_and_signature\nfrom ctbuild.toolchain import probe\n"
-              "from cuda.tile._compile import compile_cubin\n"
+              "from ctbuild.cutile import compile_cubin\n"
               "k = load_project(sys.argv[1] + '/ctbuild.toml').kernels()[0]\n"
               "cfg = k.candidates(k.workloads[0], 'sm_90').kept[0]\n"
               "_, sig = job_and_signature(k, cfg, k.workloads[0], 'sm_90', 'x')\n"
-              "ir = tileir(k, cfg, sig, 'sm_90')\n"
+              "ir = tileir(k, cfg, sig, 'sm_90').front_end\n"
               "open(sys.argv[2], 'wb').write(ir.bytecode)\n"
               "os.environ['CUDA_ROOT'] = '/nonexistent'\n"
-              "compile_cubin(sys.argv[2], k.compiler_options(cfg), 'sm_90', None)\n")
+              "compile_cubin(sys.argv[2], k.compiler_options(cfg), 'sm_90', ir, None)\n")
     proc = subprocess.run([sys.executable, "-c", script, str(FIXTURE), str(tmp_path / "k.bc")],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode != 0 and "TileCompiler" in proc.stderr, proc.stderr[-2000:]

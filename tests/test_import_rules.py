@@ -35,9 +35,9 @@ ALLOWED_LAZY = {
     ("ctbuild.project", "ctbuild.build.compiler"),
 }
 
-#: The modules allowed to touch cuTile's private names: `ctbuild.cutile` (checks every hook at
-#: import) and the compiler driver (cuTile's front end, for the anonymized TileIR).
-PRIVATE_CUTILE = {"ctbuild.cutile", "ctbuild.build.compiler"}
+#: The one module allowed to touch cuTile's private names: `ctbuild.cutile` (checks every hook
+#: at import; what differs between the supported cuda-tile versions lives there).
+PRIVATE_CUTILE = {"ctbuild.cutile"}
 PRIVATE_NAME = re.compile(r"cuda\.tile\._|\._annotated_function\b|\._pyfunc\b|[\"']_pyfunc[\"']|"
                           r"\._compiler_options\b|\.kernel\._compile\b|\b_cext\b")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def test_examples_clean_then_incremental(tmp_path):
         assert hit.cubin[:4] == b"\x7fELF" and hit.symbol
         assert hit.meta["arch"] == rows[0]["arch"] and hit.meta["kernel"] == rows[0]["kernel"]
         profile = store.toolchains()[hit.meta["toolchain"]]  # what serving nodes select by
-        assert profile["cuda_tile"] == "1.7.0" and profile["created"]
+        assert profile["cuda_tile"] == version("cuda-tile") and profile["created"]
         assert out["toolchain"] in store.toolchains()
 
     # every entry's key still maps to the TileIR it was built from (no fingerprint hole)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -159,18 +158,6 @@ def _classes_main() -> None:
 
 
 # --- the pytest side -------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def stub_libcuda_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding a freshly compiled stub ``libcuda.so.1``."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("gcc not found: cannot build the stub libcuda.so.1 for the parity test")
-    out = tmp_path_factory.mktemp("stub_libcuda")
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"),
-                    str(HERE / "stub_libcuda.c")], check=True, capture_output=True, text=True)
-    return out
-
-
 @pytest.fixture(scope="session")
 def dispatcher_results(stub_libcuda_dir: Path) -> dict[str, dict[str, Any]]:
     """Run the real dispatcher over all cases once, in a subprocess that loads the stub."""

@@ -4,9 +4,10 @@ The worker re-derives the job's compile key from its own view of the kernel sour
 toolchain it finds. A mismatch means the worker would build something other than what the
 driver planned (another toolchain, env, or source version): that is an error, never a silent mix.
 
-The compile runs cuTile's front end itself (`tileir`) with debug info anonymized and hands that
-bytecode to tileiras: the CUBIN then holds no file path, and the bytecode's digest, recorded in
-the cache entry, lets ``ctbuild cache verify --identity`` check the kernel fingerprint.
+The compile runs cuTile's front end itself (`tileir`, through `ctbuild.cutile.front_end`) with
+debug info anonymized and hands that bytecode to tileiras: the CUBIN then holds no file path,
+and the bytecode's digest, recorded in the cache entry, lets ``ctbuild cache verify
+--identity`` check the kernel fingerprint.
 """
 from __future__ import annotations
 
@@ -41,13 +42,14 @@ def find_kernel(module: str, name: str) -> TunedKernel:
 
 @dataclass(frozen=True)
 class TileIR:
-    """cuTile's front-end output for one (kernel, config, signature, arch): the TileIR bytecode
-    with debug locations removed (so no path or line number is in it) and its digest."""
-    bytecode: bytes
+    """cuTile's front-end output for one (kernel, config, signature, arch), anonymized (no
+    path or line number in its bytecode), and the bytecode's digest."""
+    front_end: cutile.FrontEnd
     digest: str
-    preview_features: tuple[str, ...]
-    linker_inputs: tuple[Any, ...]
-    links_libraries: bool
+
+    @property
+    def links_libraries(self) -> bool:
+        return bool(self.front_end.lifecycle_providers)
 
 
 def tileir(kernel: TunedKernel, cfg: Config, signature: Any, arch: str) -> TileIR:
@@ -56,46 +58,33 @@ def tileir(kernel: TunedKernel, cfg: Config, signature: Any, arch: str) -> TileI
     Debug info carries the kernel file's absolute path and line numbers; anonymizing it makes
     the bytecode, and so the CUBIN, the same from any checkout path, and makes the digest a
     check of the kernel fingerprint: equal fingerprints must give equal bytecode."""
-    from cuda.tile._compile import _compiler_lock, _get_bytecode, _IrKeeper
-    from cuda.tile._passes.ast2hir import HirMode, get_function_hir
-
     from ..toolchain import compile_environment
 
-    ann = cutile.annotated_function(kernel.kernel)
-    signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
-    with _compiler_lock, compile_environment():
-        version = cutile.max_bytecode_version()
-        keeper = _IrKeeper(ann_func=ann,
-                           func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
-                           signatures=[signature], bytecode_version=version, sm_arch=arch,
-                           log_cutile_ir=False, keep_all=False)
-        result = _get_bytecode(keeper, kernel.compiler_options(cfg), anonymize_debug_info=True)
-    bytecode = bytes(result.bytecode)
-    return TileIR(bytecode, xxhash.xxh3_128_hexdigest(bytecode), result.preview_features,
-                  result.linker_inputs, bool(result.library_lifecycle_providers))
+    signature = signature.with_mangled_symbol(kernel.pyfunc.__name__)
+    with cutile.compiler_lock(), compile_environment():
+        ir = cutile.front_end(kernel.kernel, signature, arch, kernel.compiler_options(cfg))
+    return TileIR(ir, xxhash.xxh3_128_hexdigest(ir.bytecode))
 
 
 def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) -> bytes:
     """Compile front-end output to a CUBIN with tileiras, in the cleaned compile env."""
     from cuda.tile import TileCompilerExecutionError
-    from cuda.tile._compile import _compiler_lock, compile_cubin
 
     from ..toolchain import TOOLKIT_ENV_VARS, compile_environment
 
-    with _compiler_lock, compile_environment(), tempfile.TemporaryDirectory(
+    with cutile.compiler_lock(), compile_environment(), tempfile.TemporaryDirectory(
             prefix="ctbuild-") as tmp:
         source = Path(tmp) / "kernel.bytecode"
-        source.write_bytes(ir.bytecode)
+        source.write_bytes(ir.front_end.bytecode)
         try:
-            cubin = compile_cubin(str(source), options, arch, timeout_sec=timeout_sec,
-                                  preview_features=ir.preview_features,
-                                  linker_inputs=tuple(p for p, _ in ir.linker_inputs))
+            cubin = cutile.compile_cubin(str(source), options, arch, ir.front_end,
+                                         timeout_sec)
         except TileCompilerExecutionError as exc:
             if (passed := [f"{v}={os.environ[v]}" for v in TOOLKIT_ENV_VARS if v in os.environ]):
                 raise RuntimeError(f"{exc} (tileiras ran with {', '.join(passed)}, which "
                                    "selects the ptxas/libnvvm it uses; unset it)") from None
             raise
-        return cubin.read_bytes()
+        return Path(cubin).read_bytes()
 
 
 def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dict[str, Any]:
