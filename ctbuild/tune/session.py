@@ -316,8 +316,7 @@ def finals_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions,
 
             def blame(cfg: Config, index: int = e.index) -> None:
                 on_event({"event": "candidate", "entry": index, "config": cfg.to_json()})
-            bench = Benches(e.kernel, store, fp, device, None, None, 0, None, blame
-                            ).on_spec(e.workload)
+            bench = Benches(e.kernel, store, fp, device, on_candidate=blame).on_spec(e.workload)
             result = runoff(cfgs, bench.sample, opts.settings().band, RunoffBudget()) \
                 if len(cfgs) > 1 else None
             emit({"entry": e.index, "kernel": e.kernel.name, "status": "finals",

@@ -229,10 +229,10 @@ class Benches:
     """`Bench` es of one kernel on one GPU that share one served kernel per config (each
     loads its CUBINs once, whatever the sizes they are launched at)."""
 
-    def __init__(self, tuned: TunedKernel, store: Store | None, fp: str, device: Device,
-                 stream: Any, input_device: Any, seed: int,
-                 served: Callable[[Config], ServedKernel] | None,
-                 on_candidate: Callable[[Config], None] | None) -> None:
+    def __init__(self, tuned: TunedKernel, store: Store | None, fp: str, device: Device, *,
+                 stream: Any = None, input_device: Any = None, seed: int = 0,
+                 served: Callable[[Config], ServedKernel] | None = None,
+                 on_candidate: Callable[[Config], None] | None = None) -> None:
         import torch
 
         from ..serve.served_kernel import CubinSource, ServedKernel
@@ -323,8 +323,8 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     spec = specs_of(w) if real else Workload(dict(w))
     plan = plan_candidates(tuned, spec, device.arch, fp, cap, configs, dict(exclude or {}))
     order, n_measure = arrivals(plan, tuned, store, device.arch, fp, pool, served is not None)
-    benches = Benches(tuned, store, fp, device, stream, input_device, seed, served,
-                      on_candidate)
+    benches = Benches(tuned, store, fp, device, stream=stream, input_device=input_device,
+                      seed=seed, served=served, on_candidate=on_candidate)
     bench = benches.on(Workload(dict(w))) if real else benches.on_spec(spec)
     counter = CompileCounter()
     with (torch.cuda.device(device.index) if benches.on_gpu else contextlib.nullcontext()), \

@@ -69,8 +69,7 @@ def verify_entry(entry: Entry, store: Store, device: Device, fp: str, band: TieB
         return {**head, "status": "unrecorded", "note": "no tuning record to verify"}
     configs = [Config(c, entry.kernel.name) for c in contenders(rec)]
     winner = configs[0]
-    bench = Benches(entry.kernel, store, fp, device, None, None, 0, None, None) \
-        .on_spec(entry.workload)
+    bench = Benches(entry.kernel, store, fp, device).on_spec(entry.workload)
     result = runoff(configs, bench.sample, band, budget or RunoffBudget()) \
         if len(configs) > 1 else None
     timings = {t.config: t for t in (result.timings if result else ())}
