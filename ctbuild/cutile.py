@@ -11,8 +11,8 @@ rather than mis-launching later or being chased through the code one hook at a t
 The rest of ctbuild calls the accessors at the end of this module (`pyfunc`,
 `constant_params`, `compiler_options`, `compute_capability`, ...), serves CUBINs through
 `ServingKernel` (the ``_compile`` override) and counts cuTile's own compiles with
-`compiles_in_this_thread`; only the compiler driver (`ctbuild.build.compiler`) also drives
-cuTile's front end itself.
+`compiles_in_this_thread`; only the front end (`ctbuild.tileir`, shared by the build and
+``CTBUILD_VERIFY=ir``) also drives cuTile's compiler itself.
 
 Serve hooks are checked on the live objects. Build hooks are checked from their module's
 source (names defined there), because importing cuTile's compiler costs seconds and the serve
@@ -53,6 +53,7 @@ BUILD_NAMES = {
                            "_IrKeeper", "_find_compiler_bin",
                            "_get_max_supported_bytecode_version"),
     "cuda.tile._passes.ast2hir": ("HirMode", "get_function_hir"),
+    "cuda.tile._bytecode.version": ("BytecodeVersion",),
 }
 
 
@@ -261,6 +262,37 @@ def max_bytecode_version() -> Any:
     """The newest TileIR bytecode version tileiras takes (asks tileiras once per process)."""
     with tempfile.TemporaryDirectory() as tmp:
         return compiler()._get_max_supported_bytecode_version(tmp)
+
+
+def compiler_lock() -> Any:
+    """cuTile's process-wide compiler lock (re-entrant): hold it while changing what a compile
+    sees (the environment), as cuTile's own compile does."""
+    return compiler()._compiler_lock
+
+
+def front_end(kernel: ct.kernel, signature: Any, options: Any, arch: str,
+              bytecode_version: Any = None) -> Any:
+    """cuTile's front end for one signature, as ``compile_tile`` runs it before tileiras, with
+    debug info anonymized: its result's ``bytecode``, ``preview_features``, ``linker_inputs``,
+    ``library_lifecycle_providers``. ``bytecode_version`` None asks tileiras (once)."""
+    cc = compiler()
+    from cuda.tile._passes.ast2hir import HirMode, get_function_hir
+
+    ann = kernel._annotated_function
+    signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
+    with cc._compiler_lock:
+        version = max_bytecode_version() if bytecode_version is None else bytecode_version
+        keeper = cc._IrKeeper(
+            ann_func=ann, func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
+            signatures=[signature], bytecode_version=version, sm_arch=arch,
+            log_cutile_ir=False, keep_all=False)
+        return cc._get_bytecode(keeper, options, anonymize_debug_info=True)
+
+
+def bytecode_version(name: str) -> Any:
+    """The TileIR bytecode version a toolchain profile names ("13.4"), without tileiras."""
+    from cuda.tile._bytecode.version import BytecodeVersion
+    return BytecodeVersion["V_" + name.replace(".", "_")]
 
 
 # ---- counting cuTile's own compiles -------------------------------------------------------------

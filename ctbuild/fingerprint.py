@@ -70,6 +70,11 @@ def _module_is_library(module: types.ModuleType) -> bool:
     return _library_file(file)
 
 
+def is_project_module(module: types.ModuleType) -> bool:
+    """Whether a loaded module is the project's (its file is not in a library's directory)."""
+    return not _module_is_library(module)
+
+
 def is_library_module(name: str) -> bool:
     """Whether module ``name`` is a library's, by where its file lives (the loaded module, else
     where an import would find it); a name no import finds is the project's."""
@@ -367,4 +372,4 @@ def kernel_fingerprint(kernel: Any) -> str:
     return xxhash.xxh3_128_hexdigest(blob)
 
 
-__all__ = ["FingerprintError", "is_library_module", "kernel_fingerprint"]
+__all__ = ["FingerprintError", "is_library_module", "is_project_module", "kernel_fingerprint"]

@@ -4,8 +4,8 @@ The worker re-derives the job's compile key from its own view of the kernel sour
 toolchain it finds. A mismatch means the worker would build something other than what the
 driver planned (another toolchain, env, or source version): that is an error, never a silent mix.
 
-The compile runs cuTile's front end itself (`tileir`) with debug info anonymized and hands that
-bytecode to tileiras: the CUBIN then holds no file path, and the bytecode's digest, recorded in
+The compile runs cuTile's front end itself (`ctbuild.tileir`) with debug info anonymized and
+hands that bytecode to tileiras: the CUBIN then holds no file path, and the bytecode's digest, recorded in
 the cache entry, lets ``ctbuild cache verify --identity`` check the kernel fingerprint.
 """
 from __future__ import annotations
@@ -14,17 +14,15 @@ import importlib
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from .. import cutile
 from ..declare import TunedKernel, registered
 from ..records import CompileMeta
 from ..space import Config
 from ..specs import Workload, spec_from_json
+from ..tileir import TILEIR_FORMAT, TileIR
+from ..tileir import derive as tileir
 
 
 class CompileMismatchError(RuntimeError):
@@ -37,42 +35,6 @@ def find_kernel(module: str, name: str) -> TunedKernel:
         if k.name == name and k.module == module:
             return k
     raise LookupError(f"module {module} declares no kernel named {name!r}")
-
-
-@dataclass(frozen=True)
-class TileIR:
-    """cuTile's front-end output for one (kernel, config, signature, arch): the TileIR bytecode
-    with debug locations removed (so no path or line number is in it) and its digest."""
-    bytecode: bytes
-    digest: str
-    preview_features: tuple[str, ...]
-    linker_inputs: tuple[Any, ...]
-    links_libraries: bool
-
-
-def tileir(kernel: TunedKernel, cfg: Config, signature: Any, arch: str) -> TileIR:
-    """Run cuTile's front end (what ``compile_tile`` does before tileiras), anonymized.
-
-    Debug info carries the kernel file's absolute path and line numbers; anonymizing it makes
-    the bytecode, and so the CUBIN, the same from any checkout path, and makes the digest a
-    check of the kernel fingerprint: equal fingerprints must give equal bytecode."""
-    from cuda.tile._compile import _compiler_lock, _get_bytecode, _IrKeeper
-    from cuda.tile._passes.ast2hir import HirMode, get_function_hir
-
-    from ..toolchain import compile_environment
-
-    ann = cutile.annotated_function(kernel.kernel)
-    signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
-    with _compiler_lock, compile_environment():
-        version = cutile.max_bytecode_version()
-        keeper = _IrKeeper(ann_func=ann,
-                           func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
-                           signatures=[signature], bytecode_version=version, sm_arch=arch,
-                           log_cutile_ir=False, keep_all=False)
-        result = _get_bytecode(keeper, kernel.compiler_options(cfg), anonymize_debug_info=True)
-    bytecode = bytes(result.bytecode)
-    return TileIR(bytecode, xxhash.xxh3_128_hexdigest(bytecode), result.preview_features,
-                  result.linker_inputs, bool(result.library_lifecycle_providers))
 
 
 def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) -> bytes:
@@ -132,6 +94,7 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
         kernel=job["kernel"], module=job["module"], kernel_fp=job["kernel_fp"],
         arch=job["arch"], config=job["config"], workload=job["workload"],
         toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4), tileir=ir.digest,
+        tileir_format=TILEIR_FORMAT,
         cls=Weakening.from_json(job.get("weaken")).cls, weaken=job.get("weaken"))
     return {"cubin": cubin, "symbol": mine.symbol, "seconds": seconds,
             "toolchain": toolchain.fingerprint, "meta": meta.to_json()}

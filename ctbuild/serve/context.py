@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
+from ..settings import verify_mode
 from .kernel_store import KernelStore
 from .miss_policy import MissPolicy, Settings, parse_mode, serve_without_toolchain
 from .misses import MissLog, note_damage
@@ -44,6 +45,9 @@ class RuntimeContext:
                                  self.write_back)
         self.source = CubinSource(self.store, self.toolchain_fp,
                                   on_miss=self.policy.on_launch_miss)
+        if verify_mode() == "ir":
+            from .ir_verify import IrVerifier
+            self.source.verify = IrVerifier(self.store, self.toolchain_fp)
         self._devices: dict[int, tuple[str, str]] = {}
 
     def _open_store(self) -> KernelStore | None:
