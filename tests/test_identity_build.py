@@ -262,3 +262,22 @@ def test_ir_backstop_rebuilds_and_refuses_an_entry_built_from_other_code(
     assert "fingerprint hole" in proc.stderr and stale[:16] in proc.stderr
     with Store(cache) as store:
         assert store.get_compile(stale).meta["tileir"] == entries[stale]["tileir"]
+
+
+def test_ir_check_memo_never_trusts_a_bad_file(tmp_path: Path) -> None:
+    """A damaged, foreign or oversized memo is a memo of nothing (every entry is derived
+    again), and remembering writes a fresh one; a remembered digest only counts for the
+    same state and the same recorded digest."""
+    from ctbuild.build.ir_check import MEMO_FILE, MEMO_MAX_BYTES, Memo
+    memo_file = tmp_path / MEMO_FILE
+    for text in ("{not json", "[1, 2]", '{"format": 99, "projects": {}}', "[" * 100000):
+        memo_file.write_text(text)
+        assert Memo(tmp_path, "p").verified("s") == {}
+    with open(memo_file, "wb") as f:
+        f.truncate(MEMO_MAX_BYTES + 1)
+    assert Memo(tmp_path, "p").verified("s") == {}
+    Memo(tmp_path, "p").save("s", {"m": "1"}, {"k": "d"})
+    again = Memo(tmp_path, "p")
+    assert again.verified("s") == {"k": "d"} and again.verified("other") == {}
+    assert again.changed_modules({"m": "2", "n": "1"}) == ["m", "n"]
+    assert Memo(tmp_path, "another project").verified("s") == {}

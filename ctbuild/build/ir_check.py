@@ -235,13 +235,13 @@ def _recorded(meta: dict[str, Any]) -> str | None:
     return digest if fmt == TILEIR_FORMAT else None
 
 
-__all__ = ["IrCheck", "IrGuard", "MEMO_FILE", "source_state"]
 
-
-def check_build(cache_dir: Path, modules: Sequence[str], paths: Sequence[str], toolchain: Any,
-                jobs: Iterable[dict[str, Any]], workers: int | None) -> tuple[IrGuard, IrCheck]:
-    """``precompile``'s check of the cached entries it plans to keep: warnings on stderr,
-    mismatched entries removed so the build compiles them again."""
+def check_cached(cache_dir: Path, modules: Sequence[str], paths: Sequence[str], toolchain: Any,
+                 jobs: Iterable[dict[str, Any]], workers: int | None) -> tuple[IrGuard, IrCheck]:
+    """The check ``precompile`` and ``tune`` run on the cached entries they rely on (``jobs``:
+    `CompileJob` JSON; ``toolchain``: the probed `Toolchain`): warnings on stderr, mismatched
+    entries removed so the caller compiles them again as missing. Afterwards the caller hands
+    the keys it compiled to `remember_build`."""
     from cache import Store
     guard = IrGuard(cache_dir, modules, paths, toolchain.fingerprint,
                     toolchain.profile.get("bytecode_version"))
@@ -257,3 +257,7 @@ def remember_build(guard: IrGuard, cache_dir: Path, compiled: Iterable[str]) -> 
     from cache import Store
     with Store(cache_dir, readonly=False) as store:
         guard.remember(store, compiled)
+
+
+__all__ = ["IrCheck", "IrGuard", "MEMO_FILE", "check_cached", "remember_build",
+           "source_state"]

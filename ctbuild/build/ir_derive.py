@@ -85,6 +85,14 @@ class _Helper:
         except (OSError, ValueError):
             return False
 
+    def drop(self, chunks: deque) -> None:
+        """Stop using this helper; the chunk it was on goes back to ``chunks``."""
+        if self.chunk is not None:
+            chunks.append(self.chunk)
+        self.chunk, self.ready = None, False
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
     def close(self) -> None:
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
@@ -141,13 +149,13 @@ def _collect(helpers: list[_Helper], chunks: deque, results: dict[str, dict[str,
         h = live[fd]  # type: ignore[index]
         assert h.proc.stdout is not None
         line = h.proc.stdout.readline()
-        if not line:  # it died (or could not set up): its chunk is ours again
-            if h.chunk is not None:
-                chunks.append(h.chunk)
-            h.chunk, h.ready = None, False
-            h.proc.stdout.close()
+        try:
+            answer = json.loads(line) if line else None
+        except ValueError:
+            answer = None
+        if answer != "ready" and not isinstance(answer, list):
+            h.drop(chunks)  # it died, could not set up, or said something not ours
             continue
-        answer = json.loads(line)
         if answer == "ready":
             h.ready = True
         elif h.chunk is not None:
@@ -156,7 +164,10 @@ def _collect(helpers: list[_Helper], chunks: deque, results: dict[str, dict[str,
 
 
 def _helper_main() -> None:
-    """A helper: set up, then derive each chunk read from stdin until it closes."""
+    """A helper: set up, then derive each chunk read from stdin until it closes. Answers go to
+    the real stdout; whatever the project's modules print goes to stderr."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr
     setup = Setup(**json.loads(sys.stdin.readline()))
     sys.path[:0] = [p for p in setup.paths if p not in sys.path]
     from ..cutile import load_compiler_without_torch
@@ -164,9 +175,10 @@ def _helper_main() -> None:
     import importlib
     for module in setup.modules:
         importlib.import_module(module)
-    print(json.dumps("ready"), flush=True)
+    print(json.dumps("ready"), file=answers, flush=True)
     for line in sys.stdin:
-        print(json.dumps([derive_job(job, setup) for job in json.loads(line)]), flush=True)
+        print(json.dumps([derive_job(job, setup) for job in json.loads(line)]), file=answers,
+              flush=True)
 
 
 if __name__ == "__main__":

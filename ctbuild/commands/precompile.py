@@ -233,9 +233,9 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
 
     jobs = {key: job.to_json() for key, job in plan.jobs.items()}
     todo = list(jobs.values())
-    from ..build.ir_check import check_build, remember_build
-    guard, ir_check = check_build(project.cache_dir, project.modules, modules_paths(project),
-                                  toolchain, todo, args.workers)
+    from ..build.ir_check import check_cached, remember_build
+    guard, ir_check = check_cached(project.cache_dir, project.modules, modules_paths(project),
+                                   toolchain, todo, args.workers)
     estimate.plan(todo)
     result, error = _run_farm(args, farm, todo, stream)
     if error is not None:
