@@ -14,7 +14,9 @@ end also reports preview features, tile libraries to link and library lifecycle 
 its ``compile_cubin`` takes them; 1.6's front end returns the bytecode alone. The rest of
 ctbuild calls the accessors at the end of this module (`pyfunc`, `constant_params`,
 `compiler_options`, `front_end`, `compile_cubin`, ...), serves CUBINs through `ServingKernel`
-(the ``_compile`` override) and counts cuTile's own compiles with `compiles_in_this_thread`.
+(the ``_compile`` override) and counts cuTile's own compiles with `compiles_in_this_thread`;
+only the front end (`ctbuild.tileir`, shared by the build and ``CTBUILD_VERIFY=ir``) also
+drives cuTile's compiler itself.
 
 Serve hooks are checked on the live objects. Build hooks are checked from their module's
 source (names defined there), because importing cuTile's compiler costs seconds and the serve
@@ -83,6 +85,7 @@ BUILD_NAMES = {
                            "_IrKeeper", "_find_compiler_bin",
                            "_get_max_supported_bytecode_version"),
     "cuda.tile._passes.ast2hir": ("HirMode", "get_function_hir"),
+    "cuda.tile._bytecode.version": ("BytecodeVersion",),
 }
 
 
@@ -351,7 +354,8 @@ def max_bytecode_version() -> Any:
 
 
 def compiler_lock() -> Any:
-    """cuTile's process-wide compiler lock (reentrant): hold it around every compile step."""
+    """cuTile's process-wide compiler lock (re-entrant): hold it around every compile step and
+    while changing what a compile sees (the environment), as cuTile's own compile does."""
     return compiler()._compiler_lock
 
 
@@ -368,17 +372,21 @@ class FrontEnd:
     lifecycle_providers: tuple[ModuleType, ...] = ()
 
 
-def front_end(kernel: ct.kernel, signature: Any, arch: str, options: Any) -> FrontEnd:
+def front_end(kernel: ct.kernel, signature: Any, arch: str, options: Any,
+              bytecode_version: Any = None) -> FrontEnd:
     """Run cuTile's front end (what ``compile_tile`` does before tileiras) for one signature,
     with debug info anonymized, so no file path or line number reaches the bytecode. Callers
-    hold `compiler_lock` (and the compile env: it asks tileiras for its bytecode version)."""
+    hold `compiler_lock` and the compile env; ``bytecode_version`` None asks tileiras (once per
+    process), a serving process passes its toolchain profile's (`bytecode_version`)."""
     from cuda.tile._passes.ast2hir import HirMode, get_function_hir
 
     cc = compiler()
     ann = kernel._annotated_function
+    signature = signature.with_mangled_symbol(ann.pyfunc.__name__)
+    version = max_bytecode_version() if bytecode_version is None else bytecode_version
     keeper = cc._IrKeeper(ann_func=ann,
                           func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
-                          signatures=[signature], bytecode_version=max_bytecode_version(),
+                          signatures=[signature], bytecode_version=version,
                           sm_arch=arch, log_cutile_ir=False, keep_all=False)
     result = cc._get_bytecode(keeper, options, anonymize_debug_info=True)
     if not _installed_series().bytecode_result:
@@ -400,6 +408,12 @@ def compile_cubin(bytecode_file: str, options: Any, arch: str, ir: FrontEnd,
                                      "to tileiras")
     return compiler().compile_cubin(bytecode_file, options, arch, timeout_sec=timeout_sec,
                                     **{k: extras[k] for k in _installed_series().cubin_extras})
+
+
+def bytecode_version(name: str) -> Any:
+    """The TileIR bytecode version a toolchain profile names ("13.4"), without tileiras."""
+    from cuda.tile._bytecode.version import BytecodeVersion
+    return BytecodeVersion["V_" + name.replace(".", "_")]
 
 
 def _installed_series() -> Series:

@@ -7,6 +7,16 @@ argument that code reads, of any type. A value that has no stable text (its repr
 memory address) is refused with `FingerprintError` rather than skipped: a skipped value is a
 stale CUBIN waiting to be served.
 
+Classes are followed too: ``C.F`` records that attribute (a static or class method, a property
+is followed as a function), a class used as a value (``Params()`` in the kernel, a class handed
+to a helper, the class of a class method reached) records every attribute it defines and its
+dataclass field defaults, and a dataclass instance records every field, shown or not. A name
+the kernel takes from builtins is recorded when it is not the interpreter's own builtin.
+
+A module is a library by where its file lives (the standard library's directory,
+site-packages, ctbuild's own packages), never by its name: a project's ``profile.py`` or
+``mathx.py`` is followed like any project module.
+
 The decorators are left out on purpose: ``@ctbuild.autotune(...)`` decides which CUBINs are
 needed, not what a CUBIN is, and ``@ct.kernel(...)``'s options reach the compile key as hints.
 Nothing path-dependent goes in, so moving a checkout keeps every key.
@@ -14,9 +24,14 @@ Nothing path-dependent goes in, so moving a checkout keeps every key.
 from __future__ import annotations
 
 import ast
+import builtins
+import dataclasses
 import enum
+import functools
+import importlib.util
 import inspect
 import json
+import os
 import re
 import sys
 import textwrap
@@ -26,30 +41,113 @@ from typing import Any
 import xxhash
 
 from . import cutile
-
-#: Top-level packages whose code is the toolchain's or a library's, versioned elsewhere. A
-#: module is a library when its top-level package is one of these or in the standard library:
-#: ``math`` and ``torch.nn`` are, a project's ``mathx`` or ``torchops`` is not.
-_LIBRARY_PACKAGES = frozenset({"cuda", "torch", "numpy", "ctbuild", "cutile_cache"})
+from .user_code import LIBRARY_DIRS, OWN_DIRS
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
+_MISSING = object()
 
 
 class FingerprintError(ValueError):
     """Something a kernel reads has no stable identity, so no safe cache key exists."""
 
 
+@functools.lru_cache(maxsize=4096)
+def _library_file(path: str) -> bool:
+    """Whether a module file lives in a library's directory (stdlib, site-packages, ctbuild)."""
+    real = os.path.realpath(path)
+    return real.startswith(LIBRARY_DIRS) or real.startswith(OWN_DIRS)
+
+
+def _module_is_library(module: types.ModuleType) -> bool:
+    file = getattr(module, "__file__", None)
+    if file is None:
+        paths = list(getattr(module, "__path__", None) or ())  # a namespace package
+        if paths:
+            return _library_file(os.path.join(paths[0], ""))
+        spec = getattr(module, "__spec__", None)
+        return module.__name__ in sys.builtin_module_names or \
+            getattr(spec, "origin", None) in ("built-in", "frozen")
+    return _library_file(file)
+
+
+def is_project_module(module: types.ModuleType) -> bool:
+    """Whether a loaded module is the project's (its file is not in a library's directory)."""
+    return not _module_is_library(module)
+
+
 def is_library_module(name: str) -> bool:
-    """Whether module ``name`` belongs to a library (exact top-level package, never a prefix)."""
-    top = name.split(".", 1)[0]
-    return top in _LIBRARY_PACKAGES or top in sys.stdlib_module_names
+    """Whether module ``name`` is a library's, by where its file lives (the loaded module, else
+    where an import would find it); a name no import finds is the project's."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return _module_is_library(module)
+    try:
+        spec = importlib.util.find_spec(name.split(".", 1)[0])
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if spec.origin in ("built-in", "frozen"):
+        return True
+    where = spec.origin or next(iter(spec.submodule_search_locations or ()), None)
+    return where is not None and _library_file(where)
 
 
 def _is_library(obj: Any) -> bool:
     if isinstance(obj, types.ModuleType):
-        return is_library_module(obj.__name__)
+        return _module_is_library(obj)
     module = getattr(obj, "__module__", None)
-    return not module or is_library_module(module)
+    if not module:
+        return True
+    loaded = sys.modules.get(module)
+    return _module_is_library(loaded) if loaded is not None else is_library_module(module)
+
+
+def _user_class(value: Any) -> bool:
+    return isinstance(value, type) and not _is_library(value)
+
+
+def _user_instance(value: Any) -> bool:
+    return not isinstance(value, (type, types.ModuleType, types.FunctionType)) and \
+        _user_class(type(value))
+
+
+def _attr_of(owner: Any, attr: str) -> tuple[Any, bool]:
+    """(``owner.attr`` as cuTile's front end reads it, whether it is a function defined on the
+    class). A static or class method is its function, a property its getter; on an instance
+    no property or descriptor code runs."""
+    if isinstance(owner, type):
+        found = getattr(owner, attr, _MISSING)
+    else:
+        try:
+            found = inspect.getattr_static(owner, attr)
+        except AttributeError:
+            return _MISSING, False
+        if isinstance(found, (types.MemberDescriptorType, types.GetSetDescriptorType)):
+            found = getattr(owner, attr, _MISSING)  # a __slots__ field
+    if isinstance(found, (staticmethod, classmethod, types.MethodType)):
+        found = found.__func__
+    elif isinstance(found, property):
+        found = found.fget
+    return found, isinstance(found, types.FunctionType)
+
+
+def _builtin(func: types.FunctionType, name: str) -> Any:
+    """What ``name`` means in ``func``'s builtins when it is not the interpreter's own (a value
+    a project put there); `_MISSING` for a genuine builtin or an unknown name."""
+    space = func.__globals__.get("__builtins__", builtins)
+    value = (vars(space) if isinstance(space, types.ModuleType) else space).get(name, _MISSING)
+    if value is _MISSING or any(value is c for c in (None, True, False, Ellipsis,
+                                                      NotImplemented)):
+        return _MISSING
+    if callable(value) and _is_library(value):
+        return _MISSING
+    return value
+
+
+def _sunder(name: str) -> bool:
+    """Python's and enum's own names (``__dict__``, ``_member_map_``), not a class's attributes."""
+    return len(name) > 1 and name.startswith("_") and name.endswith("_")
 
 
 def _unwrap(func: Any) -> Any:
@@ -86,14 +184,19 @@ def _code_tree(func: types.FunctionType) -> ast.AST:
 
 
 def _reads(tree: ast.AST) -> list[list[str]]:
-    """Dotted names the code reads: ``helper``, ``mod.helper``, ``TILE``, ``cfg.X``."""
+    """Dotted names the code reads: ``helper``, ``mod.helper``, ``TILE``, ``cfg.X`` (the longest
+    chain only: ``C.F`` reads ``C.F``, not all of ``C``)."""
     refs = []
-    for node in ast.walk(tree):
+    inner: set[int] = set()  # attribute nodes and names inside a longer chain
+    for node in ast.walk(tree):  # parents come before their children
+        if id(node) in inner:
+            continue
         chain: list[str] = []
         cur = node
         while isinstance(cur, ast.Attribute):
             chain.append(cur.attr)
             cur = cur.value
+            inner.add(id(cur))
         if isinstance(cur, ast.Name) and (isinstance(node, ast.Name) or chain):
             refs.append([cur.id, *reversed(chain)])
     return refs
@@ -114,6 +217,7 @@ class _Walk:
         self.parts: dict[str, Any] = {}
         self.pending: list[types.FunctionType] = []
         self.names: dict[int, str] = {}
+        self.classes: dict[int, str] = {}
 
     def function_ref(self, func: types.FunctionType) -> str:
         """The function's name in the fingerprint: its discovery order and qualname, not its
@@ -122,6 +226,46 @@ class _Walk:
             self.names[id(func)] = f"fn{len(self.names)}:{func.__qualname__}"
             self.pending.append(func)
         return self.names[id(func)]
+
+    def class_ref(self, cls: type) -> str:
+        """A project class's name in the fingerprint; the first time, its description (every
+        attribute its own classes define, dataclass field defaults) goes into the parts."""
+        if id(cls) not in self.classes:
+            ref = self.classes[id(cls)] = f"cls{len(self.classes)}:{cls.__qualname__}"
+            self.parts[ref] = self.describe_class(cls)
+        return self.classes[id(cls)]
+
+    def describe_class(self, cls: type) -> list[Any]:
+        out: list[Any] = []
+        for klass in cls.__mro__:
+            if klass is object or _is_library(klass):
+                continue
+            attrs = []
+            for attr, raw in sorted(vars(klass).items()):
+                if _sunder(attr):
+                    continue
+                if isinstance(raw, (staticmethod, classmethod)):
+                    raw = raw.__func__
+                elif isinstance(raw, property):
+                    raw = raw.fget
+                attrs.append([attr, self.soft_value(raw, f"{klass.__qualname__}.{attr}")])
+            out.append([klass.__qualname__, attrs])
+        if dataclasses.is_dataclass(cls):
+            out.append(["fields", [[f.name, self.soft_value(f.default, f.name),
+                                    self.soft_value(f.default_factory, f.name)]
+                                   for f in dataclasses.fields(cls)]])
+        return out
+
+    def soft_value(self, value: Any, where: str) -> Any:
+        """`value` for what a class defines whether or not the kernel reads it: one without a
+        stable text is described by its type (the kernel's own reads are `value`, strict)."""
+        if value is dataclasses.MISSING:
+            return ["missing"]
+        try:
+            return self.value(value, where)
+        except FingerprintError:
+            cls = type(value)
+            return ["unstable", f"{cls.__module__}.{cls.__qualname__}"]
 
     def value(self, value: Any, where: str) -> Any:
         """A JSON-able, address-free description of ``value`` (functions are followed)."""
@@ -147,7 +291,13 @@ class _Walk:
         if isinstance(value, types.ModuleType):
             return ["module", value.__name__]
         if isinstance(value, type):
+            if not _is_library(value):
+                return ["class", self.class_ref(value)]
             return ["type", f"{value.__module__}.{value.__qualname__}"]
+        if dataclasses.is_dataclass(value) and _user_instance(value):
+            return ["dataclass", self.class_ref(type(value)),
+                    [[f.name, self.value(getattr(value, f.name), f"{where}.{f.name}")]
+                     for f in dataclasses.fields(value)]]
         if callable(value) and _is_library(value) and not hasattr(value, "__dict__"):
             return ["lib", f"{getattr(value, '__module__', '')}.{getattr(value, '__name__', '')}"]
         text = repr(value)
@@ -180,18 +330,33 @@ class _Walk:
                 continue
             elif head in func.__globals__:
                 value = func.__globals__[head]
-            else:
-                continue  # a builtin (or a name the front end will reject)
-            dotted = head
-            for attr in chain[1:]:
-                if not isinstance(value, types.ModuleType) or _is_library(value):
-                    break
+            else:  # a builtin (or a name the front end will reject): only a project's counts
+                value = _builtin(func, head)
+                if value is _MISSING:
+                    continue
+            self.read(name, func, head, value, chain[1:])
+
+    def read(self, name: str, func: types.FunctionType, dotted: str, value: Any,
+             attrs: list[str]) -> None:
+        """Record what ``dotted.attrs...`` is: through project modules, classes and instances
+        attribute by attribute, up to a library module or another kind of value."""
+        for attr in attrs:
+            if isinstance(value, types.ModuleType) and not _is_library(value):
+                self.parts[f"{name}:{dotted}"] = ["module", value.__name__]
                 value = getattr(value, attr, None)
-                dotted += "." + attr
-            if isinstance(value, types.ModuleType) and _is_library(value):
-                continue  # ct.load, math.pi: the toolchain's, versioned by its fingerprint
-            self.parts[f"{name}:{dotted}"] = self.value(value, f"{dotted} (read by "
-                                                               f"{func.__qualname__})")
+            elif _user_class(value) or _user_instance(value):
+                owner = value if isinstance(value, type) else type(value)
+                value, method = _attr_of(value, attr)
+                if method:  # its cls./self. reads are invisible here: the whole class counts
+                    self.parts[f"{name}:{dotted}:class"] = ["class", self.class_ref(owner)]
+                value = None if value is _MISSING else value
+            else:
+                break
+            dotted += "." + attr
+        if isinstance(value, types.ModuleType) and _is_library(value):
+            return  # ct.load, math.pi: the toolchain's, versioned by its fingerprint
+        self.parts[f"{name}:{dotted}"] = self.value(value, f"{dotted} (read by "
+                                                           f"{func.__qualname__})")
 
 
 def kernel_fingerprint(kernel: Any) -> str:
@@ -207,4 +372,4 @@ def kernel_fingerprint(kernel: Any) -> str:
     return xxhash.xxh3_128_hexdigest(blob)
 
 
-__all__ = ["FingerprintError", "is_library_module", "kernel_fingerprint"]
+__all__ = ["FingerprintError", "is_library_module", "is_project_module", "kernel_fingerprint"]

@@ -154,6 +154,8 @@ class CompileMeta:
     compile_seconds: float | None = None
     #: digest of the anonymized TileIR bytecode the CUBIN was built from
     tileir: str | None = None
+    #: how ``tileir`` was derived (`ctbuild.tileir.TILEIR_FORMAT`); None with a digest: 1
+    tileir_format: int | None = None
     #: the signature class: "exact", "relaxed" or "generic" (JSON key "class")
     cls: str | None = None
     #: the `Weakening` (JSON) the signature was built under; None: exact
@@ -183,6 +185,13 @@ class CompileMeta:
         if not isinstance(found.get("kernel"), str):
             raise RecordFormatError("compile metadata: no kernel name")
         return cls(**found, format=version)
+
+    @property
+    def tileir_digest(self) -> tuple[str | None, int]:
+        """(recorded TileIR digest or None, its format): entries written before the format was
+        recorded used format 1."""
+        fmt = self.tileir_format if isinstance(self.tileir_format, int) else 1
+        return (self.tileir if isinstance(self.tileir, str) and self.tileir else None), fmt
 
     @property
     def signature_class(self) -> str:

@@ -39,6 +39,11 @@ RECORD_ENV = "CTBUILD_RECORD"
 #: Pins the recorded toolchain fingerprint the runtime and the tuner serve from.
 TOOLCHAIN_ENV = "CTBUILD_TOOLCHAIN"
 
+#: ``ir``: before a serving process first loads a cached CUBIN, check its TileIR digest.
+VERIFY_ENV = "CTBUILD_VERIFY"
+#: The values `VERIFY_ENV` takes (unset: no check).
+VERIFY_MODES = ("ir",)
+
 #: Values of a boolean variable that mean "on".
 TRUE_WORDS = ("1", "true", "yes", "on")
 
@@ -55,6 +60,15 @@ def env(name: str) -> str | None:
 def env_flag(name: str) -> bool:
     """Whether a boolean ``CTBUILD_*`` variable is on (``1``, ``true``, ``yes``, ``on``)."""
     return (os.environ.get(name) or "").strip().lower() in TRUE_WORDS
+
+
+def verify_mode() -> str | None:
+    """``CTBUILD_VERIFY`` (``ir``), or None; another value is refused naming the ones known."""
+    value = (env(VERIFY_ENV) or "").strip().lower() or None
+    if value is not None and value not in VERIFY_MODES:
+        raise ValueError(f"{VERIFY_ENV}={value!r} is not one of {', '.join(VERIFY_MODES)} "
+                         "(unset it for no check)")
+    return value
 
 
 @dataclass(frozen=True)

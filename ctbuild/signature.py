@@ -25,8 +25,13 @@ Rules of the cuTile 1.7.0 dispatcher (found by probing it; each one was a parity
   negative stride on a ``static_stride_dims`` dim is refused by the dispatcher (its lower bound
   would be below 0), so it is refused here, at plan time, not planned as a CUBIN that can never
   launch.
-- Strides reach the dispatcher in bytes as C ``long``: a stride whose byte size falls outside
-  int64 is refused (``OverflowError`` there, `SignatureError` here).
+- Shapes and strides reach the dispatcher as C ``long`` (strides in bytes): a size beyond
+  int64, or a stride whose byte size falls outside it, is refused (``OverflowError`` there,
+  `SignatureError` here). A size-0 dim is an ordinary dim for every rule (an empty batch is a
+  real call): its strides count as given, and 0 is divisible by 16.
+- An ``__cuda_array_interface__`` array given without strides gets row-major strides computed
+  in int32: one beyond int32 is refused there ("stride is too big"). Specs always carry their
+  strides, so such an array must pass them explicitly (torch's DLPack export always does).
 - Implicit strides: torch tensors reach the dispatcher through DLPack with torch's own strides
   (a size-0 dim counts as 1, so ``(4, 0, 16)`` has strides ``(16, 16, 1)``), and a `Tensor` spec
   without strides means exactly those. An ``__cuda_array_interface__`` array without strides gets
@@ -125,6 +130,10 @@ def array_constraint(spec: Tensor, annotation: Any, calling_convention: CallingC
         static_stride = _static_dims(annotation.static_stride_dims, spec.ndim,
                                      "static_stride_dims")
     itemsize = max(bits // 8, 1)
+    for i, n in enumerate(spec.shape):
+        if n > _INT64[1]:
+            raise SignatureError(f"dim {i} has size {n}, beyond the int64 range cuTile's launch "
+                                 "accepts")
     for i, st in enumerate(spec.strides):
         if not _INT64[0] <= st * itemsize <= _INT64[1]:
             raise SignatureError(f"stride {st} of dim {i} is {st * itemsize} bytes, beyond the "

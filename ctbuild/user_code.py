@@ -6,6 +6,7 @@ one of them raises, the one-line message must point at the user's file and line,
 from __future__ import annotations
 
 import os
+import site
 import sysconfig
 import traceback
 from pathlib import Path
@@ -13,9 +14,12 @@ from pathlib import Path
 #: Our own packages: frames in them are never the user's.
 OWN_DIRS = tuple(str(Path(__file__).resolve().parent.parent / name) + os.sep
                  for name in ("ctbuild", "cache", "farm"))
-#: The interpreter's and installed libraries' directories.
-LIBRARY_DIRS = tuple({str(Path(p).resolve()) + os.sep for key, p in sysconfig.get_paths().items()
-                      if key in ("stdlib", "platstdlib", "purelib", "platlib")})
+#: The interpreter's and installed libraries' directories (a distribution's dist-packages too).
+LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) + os.sep for p in (
+    *(p for key, p in sysconfig.get_paths().items()
+      if key in ("stdlib", "platstdlib", "purelib", "platlib")),
+    *getattr(site, "getsitepackages", list)(),
+    *([site.getusersitepackages()] if site.ENABLE_USER_SITE else []))}))
 
 
 def user_frame(exc: BaseException) -> traceback.FrameSummary | None:

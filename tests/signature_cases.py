@@ -120,9 +120,9 @@ def _tensor(rng: random.Random, *, ndim: int | None = None, dtype: str | None = 
     """A tensor spec that torch can build as a view (except with negative strides)."""
     dtype = dtype or rng.choice(DTYPES)
     ndim = rng.randint(1, 4) if ndim is None else ndim
-    recipes = ["contiguous", "permuted", "broadcast", "sliced", "padded", "size1"]
+    recipes = ["contiguous", "permuted", "broadcast", "sliced", "padded", "size1", "empty"]
     if allow_negative:
-        recipes.append("negative")
+        recipes += ["negative", "huge"]
     recipe = recipe or rng.choice(recipes)
     align = 256 if rng.random() < 0.5 else _align(rng, dtype)
     if ndim == 0:
@@ -166,6 +166,33 @@ def _tensor(rng: random.Random, *, ndim: int | None = None, dtype: str | None = 
         for i, n in enumerate(shape):
             if n == 1 and rng.random() < 0.5:
                 strides[i] = rng.choice((0, 1, 3, 16, 4096))  # torch leaves these arbitrary
+        return Tensor(shape, dtype, tuple(strides), align)
+    if recipe == "empty":
+        # a zero-size batch: some dims 0, strides as torch gives them, as an
+        # __cuda_array_interface__ without strides implies, or of a wider parent
+        shape = list(_shape(rng, ndim, 0.2))
+        for i in rng.sample(range(ndim), rng.randint(1, max(1, ndim // 2))):
+            shape[i] = 0
+        kind = rng.choice(("torch", "cai", "parent"))
+        if kind == "torch":
+            strides = contiguous_strides(shape)
+        elif kind == "cai":
+            strides = cai_implicit_strides(tuple(shape))
+        else:
+            strides = tuple(rng.choice((0, 1, 3, 16, 4096)) for _ in shape)
+        return Tensor(tuple(shape), dtype, strides, align)
+    if recipe == "huge":
+        # strides at the edge of what the launch accepts (bytes as a C long), either side
+        if rng.random() < 0.3:  # dims whose row-major strides pass int32, or int64
+            shape = tuple(rng.choice((2, 3, 2**16, 2**31 - 1, 2**31, 2**33, 2**62, 2**63))
+                          for _ in range(ndim))
+            return Tensor(shape, dtype, cai_implicit_strides(shape), align)
+        shape = _shape(rng, ndim, 0.0)
+        strides = list(contiguous_strides(shape))
+        itemsize = DTYPE_BITS[dtype] // 8
+        edge = (2**63 - 1) // itemsize
+        strides[rng.randrange(ndim)] = rng.choice((edge, edge + 1, -edge, -edge - 1, 2**40,
+                                                   2**62 // itemsize, 2**31, -2**31 - 1))
         return Tensor(shape, dtype, tuple(strides), align)
     if recipe == "negative":
         shape = _shape(rng, ndim, 0.0)
@@ -305,16 +332,20 @@ def generate_cases(n: int = 240, seed: int = 20250) -> list[Case]:
     for i in range(n):
         kernel = rng.choice(population)
         args, torch_ok = _args(rng, kernel)
-        torch_ok = torch_ok and not any(_has_negative(a) for a in args)
+        torch_ok = torch_ok and not any(_torch_cannot(a) for a in args)
         cases.append(Case(f"r{i:03d}-{kernel}", kernel, args, torch_ok))
     return _fixed_cases() + cases + _error_cases()
 
 
-def _has_negative(arg: Any) -> bool:
+def _torch_cannot(arg: Any) -> bool:
+    """Whether torch cannot build the tensor(s) as a view of a small allocation (a negative
+    stride, or a span beyond `MAX_NUMEL_SPAN`)."""
     if isinstance(arg, Tensor):
-        return any(s < 0 for s in arg.strides or ())
+        strides = arg.strides or ()
+        span = sum((n - 1) * s for n, s in zip(arg.shape, strides)) if all(arg.shape) else 0
+        return any(s < 0 for s in strides) or span >= MAX_NUMEL_SPAN
     if isinstance(arg, (list, tuple)):
-        return any(_has_negative(a) for a in arg)
+        return any(_torch_cannot(a) for a in arg)
     return False
 
 
@@ -344,6 +375,12 @@ def cai_implicit_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= dim
     return tuple(reversed(strides))
+
+
+def cai_implicit_ok(shape: tuple[int, ...]) -> bool:
+    """Whether the dispatcher accepts an ``__cuda_array_interface__`` array of this shape
+    without strides: it computes them row-major in int32 ("stride is too big" beyond)."""
+    return max(cai_implicit_strides(shape), default=0) <= 2**31 - 1
 
 
 def fake_pointer(spec: Tensor, slot: int) -> int:

@@ -46,6 +46,19 @@ elif sys.argv[1] == "resolve":
     res = idk.runtime.resolve((x, x.clone()), arch="sm_90", gpu="H200")
     print(json.dumps({"config": res.config.to_json(), "config_from": res.config_from,
                       "cubin_from": res.cubin_from}))
+elif sys.argv[1] == "verify":  # which class serves TILE=64 and 128, checked and not
+    from ctbuild.serve.context import context
+    from ctbuild.signature import derive_signature
+    src, got = context().source, {}
+    for check in (True, False):
+        src.verify, saved = (src.verify if check else None), src.verify
+        for tile in (64, 128):
+            cfg = Config({"TILE": tile}, idk.name)
+            sig = derive_signature(idk.kernel, idk.kernel_args(cfg, w))
+            found = src.lookup_class(idk, cfg, sig, "sm_90")
+            got[f"{tile} {'checked' if check else 'plain'}"] = found and found[2]
+        src.verify = saved
+    print(json.dumps(got))
 else:
     y = torch.zeros(64, 256)
     try:
@@ -265,3 +278,68 @@ def test_prune_after_a_kernel_edit_removes_the_old_version(two_builds: dict,
     bad = _prune(config, cache, "--keep", "0")
     errors = [line for line in bad.stderr.splitlines() if "error:" in line]
     assert bad.returncode == 2 and len(errors) == 1 and "--keep" in errors[0]
+
+
+def _replant(store: Store, key: str, meta: dict) -> None:
+    hit = store.get_compile(key)
+    assert hit is not None
+    store.put_compile(key, hit.cubin, symbol=hit.symbol, meta=meta)
+
+
+def test_ir_backstop_rebuilds_and_refuses_an_entry_built_from_other_code(
+        two_builds: dict, tmp_path: Path) -> None:
+    """An entry whose recorded TileIR these sources do not give (what a fingerprint hole
+    leaves) is refused by a serving process with CTBUILD_VERIFY=ir and rebuilt by precompile,
+    with a warning naming the kernel; one without a recorded digest is kept (unverifiable); a
+    build's own entries are remembered, so a no-op build derives nothing."""
+    config, cache_b, first = two_builds["b"]
+    cache = tmp_path / "cache"
+    shutil.copytree(cache_b, cache)
+    noop = _build(config, cache)
+    assert noop["ir_check"]["derived"] == 0
+    assert noop["ir_check"]["remembered"] == noop["ir_check"]["relied_on"] == first["jobs"]
+    with Store(cache) as store:
+        entries = dict(store.compile_entries())
+        stale = next(k for k, m in entries.items() if m["kernel"] == "idk" and m["config"] ==
+                     {"TILE": 64} and m.get("class", "exact") == "exact")
+        bare = next(k for k, m in entries.items() if m["kernel"] == "add_eps")
+        _replant(store, stale, {**entries[stale], "tileir": "0" * 32})
+        _replant(store, bare, {k: v for k, v in entries[bare].items()
+                               if k not in ("tileir", "tileir_format")})
+    serving = subprocess.run([sys.executable, "-c", RUNTIME, "verify", str(config.parent),
+                              str(cache)], capture_output=True, text=True, cwd=ROOT,
+                             timeout=300, env={**os.environ, "CTBUILD_CACHE_DIR": str(cache),
+                                               "CTBUILD_VERIFY": "ir"})
+    assert serving.returncode == 0, serving.stderr[-3000:]
+    assert json.loads(serving.stdout) == {"64 checked": "generic", "128 checked": "exact",
+                                          "64 plain": "exact", "128 plain": "exact"}
+    assert "kernel 'idk'" in serving.stderr and "fingerprint hole" in serving.stderr
+    proc, _, out = precompile("--config", str(config), "--cache", str(cache), "--json",
+                              "--workers", "1")
+    assert proc.returncode == 0, explain(proc)
+    assert (out["compiled"], out["cached"]) == (1, first["jobs"] - 1)
+    check = out["ir_check"]
+    assert [m["key"] for m in check["mismatches"]] == [stale] and check["unverifiable"] == 1
+    assert 'kernel idk (idkernels.base) config {"TILE": 64}' in proc.stderr
+    assert "fingerprint hole" in proc.stderr and stale[:16] in proc.stderr
+    with Store(cache) as store:
+        assert store.get_compile(stale).meta["tileir"] == entries[stale]["tileir"]
+
+
+def test_ir_check_memo_never_trusts_a_bad_file(tmp_path: Path) -> None:
+    """A damaged, foreign or oversized memo is a memo of nothing (every entry is derived
+    again), and remembering writes a fresh one; a remembered digest only counts for the
+    same state and the same recorded digest."""
+    from ctbuild.build.ir_check import MEMO_FILE, MEMO_MAX_BYTES, Memo
+    memo_file = tmp_path / MEMO_FILE
+    for text in ("{not json", "[1, 2]", '{"format": 99, "projects": {}}', "[" * 100000):
+        memo_file.write_text(text)
+        assert Memo(tmp_path, "p").verified("s") == {}
+    with open(memo_file, "wb") as f:
+        f.truncate(MEMO_MAX_BYTES + 1)
+    assert Memo(tmp_path, "p").verified("s") == {}
+    Memo(tmp_path, "p").save("s", {"m": "1"}, {"k": "d"})
+    again = Memo(tmp_path, "p")
+    assert again.verified("s") == {"k": "d"} and again.verified("other") == {}
+    assert again.changed_modules({"m": "2", "n": "1"}) == ["m", "n"]
+    assert Memo(tmp_path, "another project").verified("s") == {}

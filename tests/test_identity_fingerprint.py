@@ -104,3 +104,44 @@ def test_moving_the_file_keeps_the_fingerprint(corpus: dict[str, dict[str, str]]
 @pytest.mark.parametrize("file", [f for f, _, _ in HELPER_EDITS])
 def test_helper_module_edit_changes_it(corpus: dict[str, dict[str, str]], file: str) -> None:
     assert corpus[file]["idk"] != corpus["main"]["idk"]
+
+
+# --- closure: classes, dataclasses, shadowed builtins, a module named like the stdlib's ------
+CLOSURE = Path(__file__).parent / "fixtures" / "identity_closure"
+#: (kernel, file, old, new): each edit changes what that kernel compiles, and only its value.
+CLOSURE_EDITS = [
+    ("cl_classattr", "clkernels/kern.py", "    F = 2.0", "    F = 2.5"),
+    ("cl_otherclass", "clconsts.py", "CAP = 4.0", "CAP = 4.5"),
+    ("cl_static", "clconsts.py", "return t * 2.0", "return t * 2.5"),
+    ("cl_classmethod", "clkernels/kern.py", "    G = 3.0", "    G = 3.5"),
+    ("cl_dataclass", "clkernels/kern.py", "field(default=2.0)", "field(default=2.5)"),
+    ("cl_builtin", "clkernels/kern.py", "return t * 3.0", "return t * 3.5"),
+    ("cl_injected_builtin", "clkernels/kern.py", "CL_GAIN = 2.0", "CL_GAIN = 2.5"),
+    ("cl_stdlib_name", "profile.py", "return t + 1.0", "return t + 1.5"),
+    # must NOT change cl_control: an attribute it does not read, and a comment
+    ("cl_control", "clkernels/kern.py", "    K = 5.0", "    K = 5.0  # the gain\n    OTHER = 1.0"),
+]
+
+
+@pytest.fixture(scope="module")
+def closure(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], dict[str, str]]:
+    """Fingerprints of the closure fixture before and after all `CLOSURE_EDITS` (each kernel
+    reads only what its own edit touches, so one edited copy shows every case)."""
+    tmp = tmp_path_factory.mktemp("closure")
+    base, edited = tmp / "base", tmp / "edited"
+    shutil.copytree(CLOSURE, base)
+    shutil.copytree(CLOSURE, edited)
+    for kernel, file, old, new in CLOSURE_EDITS:
+        path = edited / file
+        text = path.read_text()
+        assert text.count(old) == 1, (kernel, old)
+        path.write_text(text.replace(old, new))
+    procs = [_plan(base / "ctbuild.toml"), _plan(edited / "ctbuild.toml")]
+    before, after = (_fingerprints(p) for p in procs)
+    return before, after
+
+
+@pytest.mark.parametrize("kernel", [k for k, *_ in CLOSURE_EDITS])
+def test_closure_edit(closure: tuple[dict[str, str], dict[str, str]], kernel: str) -> None:
+    before, after = closure
+    assert (after[kernel] != before[kernel]) is (kernel != "cl_control")

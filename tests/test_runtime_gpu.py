@@ -136,6 +136,30 @@ def test_strict_mode_serves_covered_calls_and_raises_on_a_real_miss(warm_cache: 
     assert "ctbuild tune" in text or "ctbuild precompile" in text
 
 
+def test_a_zero_size_batch_is_served(warm_cache: Path) -> None:
+    """An empty batch is a real serving call: strict mode serves it from the cache (the
+    signature of a size-0 dim is derived as the dispatcher derives it, so a cached CUBIN
+    covers it), no compile, no error, outputs stay empty; the next full batch is correct."""
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    jit0 = STATS.jit_compiles
+    half = dict(dtype=torch.float16, device="cuda")
+    x, y, out = (torch.empty(0, **half) for _ in range(3))
+    KERNELS["silu_mul"](x, y, out)  # grid (0,)
+    a, b = torch.empty(0, 4096, **half), torch.randn(4096, 4096, **half)
+    c = torch.empty(0, 4096, **half)
+    KERNELS["matmul"](a, b, c)  # grid (0, 32)
+    torch.cuda.synchronize()
+    assert out.shape == (0,) and c.shape == (0, 4096)
+    assert STATS.jit_compiles == jit0
+    for name in ("silu_mul", "matmul"):
+        prov = KERNELS[name].runtime.provenance()
+        assert prov["origins"].get("jit", 0) == 0, prov
+        args, expected = gpu_case(KERNELS[name], 0, 0)
+        KERNELS[name](*args)
+        torch.cuda.synchronize()
+        check(name, args, expected)
+
+
 def test_default_mode_jit_compiles_records_and_writes_back(cache_copy: Path,
                                                            tmp_path: Path) -> None:
     record = tmp_path / "misses.jsonl"

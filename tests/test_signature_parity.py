@@ -31,7 +31,10 @@ for p in (str(ROOT), str(HERE)):
 
 import signature_cases as sc  # noqa: E402
 
-CASES = sc.generate_cases()
+#: CI runs the default cases; ``CTBUILD_PARITY_CASES=12000 CTBUILD_PARITY_SEED=1`` runs a fuzz
+#: campaign through the same test (read here, so the dispatcher subprocess sees the same cases).
+CASES = sc.generate_cases(int(os.environ.get("CTBUILD_PARITY_CASES", "240")),
+                          int(os.environ.get("CTBUILD_PARITY_SEED", "20250")))
 
 
 # --- the subprocess side (real dispatcher on the stub libcuda) ------------------------------
@@ -51,13 +54,16 @@ def _dispatcher_main() -> None:
 
     kernels = {name: SpyKernel(f) for name, f in sc.KERNELS.items()}
 
-    def make_array(spec, slot):
-        # Half the arrays whose strides are CAI's implicit ones omit them, to cover both paths.
-        explicit = not (spec.strides == sc.cai_implicit_strides(spec.shape) and slot % 2 == 1)
-        return sc.FakeCudaArray(spec, sc.fake_pointer(spec, slot), explicit)
-
     out = []
-    for case in CASES:
+    for n, case in enumerate(CASES):
+        def make_array(spec, slot, n=n):
+            # Half the arrays whose strides are CAI's implicit ones omit them, to cover both
+            # paths; not where the dispatcher's int32 row-major strides would refuse them
+            # (a spec describes an array that passes its strides).
+            explicit = not (spec.strides == sc.cai_implicit_strides(spec.shape)
+                            and (slot + n) % 2 == 1 and sc.cai_implicit_ok(spec.shape))
+            return sc.FakeCudaArray(spec, sc.fake_pointer(spec, slot), explicit)
+
         kernel = kernels[case.kernel]
         rec: dict[str, Any] = {"id": case.id}
         try:
@@ -192,6 +198,9 @@ def test_case_count_and_coverage() -> None:
     assert {t.align for t in tensors} >= {2, 4, 8, 16, 256}
     assert any(t.ndim == 6 for t in tensors) and any(t.ndim == 0 for t in tensors)
     assert any(0 in t.strides for t in tensors) and any(1 in t.shape for t in tensors)
+    assert any(0 in t.shape for t in tensors)  # empty batches
+    assert any(t.strides == sc.cai_implicit_strides(t.shape) != sc.contiguous_strides(t.shape)
+               for t in tensors)  # size-0 dims whose implicit strides differ from torch's
     assert any(s < 0 for t in tensors for s in t.strides)
     assert len({c.kernel for c in CASES}) == len(sc.KERNELS)
 

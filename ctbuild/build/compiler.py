@@ -4,10 +4,9 @@ The worker re-derives the job's compile key from its own view of the kernel sour
 toolchain it finds. A mismatch means the worker would build something other than what the
 driver planned (another toolchain, env, or source version): that is an error, never a silent mix.
 
-The compile runs cuTile's front end itself (`tileir`, through `ctbuild.cutile.front_end`) with
-debug info anonymized and hands that bytecode to tileiras: the CUBIN then holds no file path,
-and the bytecode's digest, recorded in the cache entry, lets ``ctbuild cache verify
---identity`` check the kernel fingerprint.
+The compile runs cuTile's front end itself (`ctbuild.tileir`) with debug info anonymized and
+hands that bytecode to tileiras: the CUBIN then holds no file path, and the bytecode's digest, recorded in
+the cache entry, lets ``ctbuild cache verify --identity`` check the kernel fingerprint.
 """
 from __future__ import annotations
 
@@ -15,17 +14,16 @@ import importlib
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import xxhash
 
 from .. import cutile
 from ..declare import TunedKernel, registered
 from ..records import CompileMeta
 from ..space import Config
 from ..specs import Workload, spec_from_json
+from ..tileir import TILEIR_FORMAT, TileIR
+from ..tileir import derive as tileir
 
 
 class CompileMismatchError(RuntimeError):
@@ -38,32 +36,6 @@ def find_kernel(module: str, name: str) -> TunedKernel:
         if k.name == name and k.module == module:
             return k
     raise LookupError(f"module {module} declares no kernel named {name!r}")
-
-
-@dataclass(frozen=True)
-class TileIR:
-    """cuTile's front-end output for one (kernel, config, signature, arch), anonymized (no
-    path or line number in its bytecode), and the bytecode's digest."""
-    front_end: cutile.FrontEnd
-    digest: str
-
-    @property
-    def links_libraries(self) -> bool:
-        return bool(self.front_end.lifecycle_providers)
-
-
-def tileir(kernel: TunedKernel, cfg: Config, signature: Any, arch: str) -> TileIR:
-    """Run cuTile's front end (what ``compile_tile`` does before tileiras), anonymized.
-
-    Debug info carries the kernel file's absolute path and line numbers; anonymizing it makes
-    the bytecode, and so the CUBIN, the same from any checkout path, and makes the digest a
-    check of the kernel fingerprint: equal fingerprints must give equal bytecode."""
-    from ..toolchain import compile_environment
-
-    signature = signature.with_mangled_symbol(kernel.pyfunc.__name__)
-    with cutile.compiler_lock(), compile_environment():
-        ir = cutile.front_end(kernel.kernel, signature, arch, kernel.compiler_options(cfg))
-    return TileIR(ir, xxhash.xxh3_128_hexdigest(ir.bytecode))
 
 
 def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) -> bytes:
@@ -121,6 +93,7 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
         kernel=job["kernel"], module=job["module"], kernel_fp=job["kernel_fp"],
         arch=job["arch"], config=job["config"], workload=job["workload"],
         toolchain=toolchain.fingerprint, compile_seconds=round(seconds, 4), tileir=ir.digest,
+        tileir_format=TILEIR_FORMAT,
         cls=Weakening.from_json(job.get("weaken")).cls, weaken=job.get("weaken"))
     return {"cubin": cubin, "symbol": mine.symbol, "seconds": seconds,
             "toolchain": toolchain.fingerprint, "meta": meta.to_json()}

@@ -17,7 +17,7 @@ from ..records import CompileMeta, RecordFormatError
 from ..signature_classes import Weakening
 from ..space import Config
 from ..specs import Workload, spec_from_json
-from .compiler import tileir
+from ..tileir import derive as tileir
 from .plan import job_and_signature
 
 

@@ -233,10 +233,15 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
 
     jobs = {key: job.to_json() for key, job in plan.jobs.items()}
     todo = list(jobs.values())
+    from ..build.ir_check import check_cached, remember_build
+    guard, ir_check = check_cached(project.cache_dir, project.modules, modules_paths(project),
+                                   toolchain, todo, args.workers)
     estimate.plan(todo)
     result, error = _run_farm(args, farm, todo, stream)
     if error is not None:
         return fail(error, 1)
+    remember_build(guard, project.cache_dir,
+                   [r.key for r in result.records if r.status == "compiled"])
 
     rows = []
     for rec in result.records:
@@ -266,6 +271,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
         "archs": [str(a) for a in archs], "cache": str(project.cache_dir),
         "address": result.address, "fatal": result.fatal,
         "kernels": kernel_summary(rows), "failures": failures,
+        "ir_check": ir_check.to_json(),
     }
     if report is not None:
         _write_atomic(report, {"summary": summary, "worker_info": result.worker_info,
@@ -280,6 +286,11 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     if result.fatal or (failures and not args.allow_failures):
         return 1
     return 0
+
+
+def modules_paths(project: Project) -> list[str]:
+    """Where the project's kernel modules are imported from (what workers put on sys.path)."""
+    return [str(p) for p in project.paths]
 
 
 def _make_farm(args: argparse.Namespace, project: Project) -> Any:

@@ -12,9 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
-from ..settings import CACHE_DIR_ENV
+from ..settings import CACHE_DIR_ENV, verify_mode
 from .kernel_store import KernelStore
-from .miss_policy import MissPolicy, Settings, parse_mode, serve_without_toolchain
+from .miss_policy import (
+    MissPolicy,
+    RuntimeConfigError,
+    Settings,
+    parse_mode,
+    serve_without_toolchain,
+)
 from .misses import MissLog, note_damage
 from .served_kernel import STATS, CubinSource
 from .write_back import WriteBack
@@ -48,6 +54,13 @@ class RuntimeContext:
                                  self.write_back)
         self.source = CubinSource(self.store, self.toolchain_fp,
                                   on_miss=self.policy.on_launch_miss)
+        try:
+            verify = verify_mode()
+        except ValueError as exc:
+            raise RuntimeConfigError(str(exc)) from None
+        if verify == "ir":
+            from .ir_verify import IrVerifier
+            self.source.verify = IrVerifier(self.store, self.toolchain_fp)
         self._devices: dict[int, tuple[str, str]] = {}
 
     @property

@@ -66,6 +66,8 @@ class CubinSource:
     store: KernelStore | None
     toolchain_fp: str | None
     on_miss: MissHandler | None = None
+    #: ``CTBUILD_VERIFY=ir``: (tuned, cfg, signature, arch, key, meta) -> may it be served
+    verify: Callable[..., bool] | None = None
 
     def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str) -> str:
         """The compile key of the exact CUBIN for ``signature``."""
@@ -114,6 +116,9 @@ class CubinSource:
             if hit.symbol != sig.symbol:
                 log.warning("%s: cached symbol %s differs from %s; treating as a miss",
                             tuned.name, hit.symbol, sig.symbol)
+                continue
+            if self.verify is not None and not self.verify(
+                    tuned, cfg, sig, arch, key, getattr(hit, "meta", None) or {}):
                 continue
             return hit.cubin, hit.symbol, weakening.cls
         return None

@@ -1,0 +1,263 @@
+"""The backstop behind the kernel fingerprint: before a build or a tune relies on a cached CUBIN,
+derive its TileIR again from these sources and compare with the digest recorded when it was
+compiled.
+
+The compile key trusts the kernel fingerprint: equal fingerprints must mean equal compiled code.
+When the fingerprint misses something the code depends on (a hole), an edit keeps the key and
+the cache would serve the old CUBIN. cuTile's front end sees everything the code depends on, so
+its output, anonymized (`ctbuild.tileir`), tells: a different digest is a hole. The entry is
+removed (the build compiles it again) and a warning names the kernel, the hole and the project
+modules changed since the last check.
+
+Cost: ~10 ms of front end per entry, spread over helper processes (`ir_derive`). A check is
+remembered (``ctbuild-ir-checked.json`` in the cache directory) per project, under a digest of
+the state the front end reads: every project module's source file (by location, as the
+fingerprint tells a project module from a library), the installed distributions, the
+toolchain and ctbuild's version. While that state holds, an entry verified (or compiled) with
+the same recorded digest is not derived again; any edit to a project file derives every
+entry again, whatever the fingerprint says. Entries without a recorded digest (caches written
+before digests were, runtime JIT write-backs) are unverifiable, never mismatches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import xxhash
+
+from .. import __version__
+from ..fingerprint import is_project_module
+from ..records import CompileMeta, RecordFormatError
+from ..tileir import TILEIR_FORMAT
+from ..user_code import LIBRARY_DIRS
+from .ir_derive import Setup, derive_all
+
+MEMO_FILE = "ctbuild-ir-checked.json"
+MEMO_FORMAT = 1
+#: A memo larger than this is ignored (a shared cache is not trusted with our memory).
+MEMO_MAX_BYTES = 64 << 20
+#: Projects one cache remembers checks for (the least recently checked are dropped).
+MEMO_PROJECTS = 16
+
+
+@dataclass
+class IrCheck:
+    """What one check found. ``mismatches``: entries whose recorded TileIR these sources do not
+    give (removed when the check rebuilds); ``errors``: entries whose front end now fails."""
+    relied_on: int = 0
+    derived: int = 0
+    remembered: int = 0
+    unverifiable: int = 0
+    stale: int = 0
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    changed_modules: list[str] | None = None
+    helpers: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v)
+                for k, v in self.__dict__.items()}
+
+    def warnings(self) -> list[str]:
+        """One line per mismatched kernel and config: what it is and what to do."""
+        changed = ", ".join(self.changed_modules or []) or (
+            "none recorded" if self.changed_modules is not None else "unknown (no earlier check)")
+        return [f"warning: kernel {m['kernel']} ({m['module']}) config {json.dumps(m['config'])} "
+                f"{m['arch']}: its cached CUBIN {m['key'][:16]} was built from other code than "
+                f"these sources compile to ({m['why']}), but its fingerprint did not change: a "
+                f"fingerprint hole (the kernel depends on something its fingerprint misses; "
+                f"project modules changed since the last check: {changed}); rebuilding it. "
+                "Please report the edit that caused it." for m in self.mismatches]
+
+
+def source_state(toolchain_fp: str) -> tuple[str, dict[str, str]]:
+    """(digest of what the front end reads besides the kernel fingerprint, per-module digests):
+    the source of every loaded project module, the installed distributions, the toolchain."""
+    modules: dict[str, str] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or not is_project_module(module):
+            continue
+        try:
+            modules[name] = xxhash.xxh3_128_hexdigest(Path(file).read_bytes())
+        except OSError as exc:
+            modules[name] = f"unreadable: {exc.errno}"
+    dists: list[str] = []
+    for where in sorted(set(LIBRARY_DIRS)):
+        try:
+            dists += [n for n in os.listdir(where) if n.endswith((".dist-info", ".egg-info"))]
+        except OSError:
+            continue
+    state = json.dumps([TILEIR_FORMAT, __version__, toolchain_fp, sorted(modules.items()),
+                        sorted(dists)])
+    return xxhash.xxh3_128_hexdigest(state.encode()), modules
+
+
+class Memo:
+    """The checks remembered in one cache directory, for one project."""
+
+    def __init__(self, cache_dir: Path, project: str) -> None:
+        self.path = Path(cache_dir) / MEMO_FILE
+        self.project = project
+        self.all = self._load()
+        mine = self.all.get(project)
+        self.mine: dict[str, Any] = mine if isinstance(mine, dict) else {}
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            if self.path.stat().st_size > MEMO_MAX_BYTES:
+                return {}
+            found = json.loads(self.path.read_text())
+        except (OSError, ValueError, RecursionError):
+            return {}
+        if not isinstance(found, dict) or found.get("format") != MEMO_FORMAT or \
+                not isinstance(found.get("projects"), dict):
+            return {}
+        return dict(found["projects"])
+
+    def verified(self, state: str) -> dict[str, str]:
+        """Key -> recorded digest of the entries verified under ``state``."""
+        got = self.mine.get("verified") if self.mine.get("state") == state else None
+        return {k: v for k, v in got.items() if isinstance(v, str)} if isinstance(got, dict) \
+            else {}
+
+    def changed_modules(self, modules: dict[str, str]) -> list[str] | None:
+        before = self.mine.get("modules")
+        if not isinstance(before, dict):
+            return None
+        return sorted(n for n in set(before) | set(modules) if before.get(n) != modules.get(n))
+
+    def save(self, state: str, modules: dict[str, str], verified: dict[str, str]) -> None:
+        """Remember ``verified`` under ``state`` (atomically; a cache we cannot write just
+        checks again next time)."""
+        self.all[self.project] = {"state": state, "modules": modules, "verified": verified,
+                                  "time": time.time()}
+        newest = sorted(self.all, key=lambda p: -float(self.all[p].get("time", 0))
+                        if isinstance(self.all[p], dict) else 0.0)[:MEMO_PROJECTS]
+        doc = {"format": MEMO_FORMAT, "projects": {p: self.all[p] for p in newest}}
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{MEMO_FILE}.", dir=self.path.parent)
+        except OSError:
+            return
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self.path)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+
+
+class IrGuard:
+    """The check as a build or a tune runs it: `check` the cached entries it relies on before
+    it compiles what is missing, `remember` what it compiled afterwards."""
+
+    def __init__(self, cache_dir: Path, modules: Sequence[str], paths: Sequence[str],
+                 toolchain_fp: str, bytecode_version: str | None) -> None:
+        self.setup = Setup([str(p) for p in paths], list(modules), toolchain_fp,
+                           bytecode_version)
+        project = xxhash.xxh3_128_hexdigest(json.dumps(sorted(modules)).encode())
+        self.memo = Memo(cache_dir, project)
+        self.state, self.modules = source_state(toolchain_fp)
+        self.verified = self.memo.verified(self.state)
+
+    def check(self, store: Any, jobs: Iterable[dict[str, Any]], workers: int | None = None,
+              rebuild: bool = True) -> IrCheck:
+        """Check every job whose key ``store`` holds; with ``rebuild``, remove the entries
+        that mismatch (the caller then compiles them as missing)."""
+        started = time.perf_counter()
+        report = IrCheck()
+        stored = dict(store.compile_entries())
+        todo, recorded = [], {}
+        for job in jobs:
+            if job["key"] not in stored:
+                continue
+            report.relied_on += 1
+            digest = _recorded(stored[job["key"]])
+            if digest is None:
+                report.unverifiable += 1
+            elif self.verified.get(job["key"]) == digest:
+                report.remembered += 1
+            else:
+                todo.append(job)
+                recorded[job["key"]] = digest
+        results, report.helpers = derive_all(todo, self.setup, workers) if todo else ({}, 0)
+        for job in todo:
+            found = results.get(job["key"], {"error": "not derived"})
+            self._compare(job, recorded[job["key"]], found, report)
+        if report.mismatches:
+            report.changed_modules = self.memo.changed_modules(self.modules)
+            if rebuild:
+                for m in report.mismatches:
+                    store.remove_kernel(m["kernel"], m["key"])
+        report.derived = len(todo) - report.stale
+        self.memo.save(self.state, self.modules, self.verified)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _compare(self, job: dict[str, Any], recorded: str, found: dict[str, Any],
+                 report: IrCheck) -> None:
+        if found.get("stale"):
+            report.stale += 1
+        elif found.get("digest") == recorded:
+            self.verified[job["key"]] = recorded
+        else:
+            why = (f"recorded TileIR {recorded[:16]}, now {found['digest'][:16]}"
+                   if "digest" in found else f"the front end now fails: {found.get('error')}")
+            report.mismatches.append({"kernel": job["kernel"], "module": job["module"],
+                                      "config": job["config"], "arch": job["arch"],
+                                      "key": job["key"], "why": why})
+            self.verified.pop(job["key"], None)
+
+    def remember(self, store: Any, keys: Iterable[str]) -> None:
+        """Remember entries compiled from these sources (their recorded digest is this
+        state's by construction) so the next run does not derive them again."""
+        wanted = set(keys)
+        if not wanted:
+            return
+        for key, meta in store.compile_entries():
+            if key in wanted and (digest := _recorded(meta)) is not None:
+                self.verified[key] = digest
+        self.memo.save(self.state, self.modules, self.verified)
+
+
+def _recorded(meta: dict[str, Any]) -> str | None:
+    """The entry's recorded TileIR digest when it is one this ctbuild derives, else None."""
+    try:
+        digest, fmt = CompileMeta.from_json(meta).tileir_digest
+    except RecordFormatError:
+        return None
+    return digest if fmt == TILEIR_FORMAT else None
+
+
+
+def check_cached(cache_dir: Path, modules: Sequence[str], paths: Sequence[str], toolchain: Any,
+                 jobs: Iterable[dict[str, Any]], workers: int | None) -> tuple[IrGuard, IrCheck]:
+    """The check ``precompile`` and ``tune`` run on the cached entries they rely on (``jobs``:
+    `CompileJob` JSON; ``toolchain``: the probed `Toolchain`): warnings on stderr, mismatched
+    entries removed so the caller compiles them again as missing. Afterwards the caller hands
+    the keys it compiled to `remember_build`."""
+    from cache import Store
+    guard = IrGuard(cache_dir, modules, paths, toolchain.fingerprint,
+                    toolchain.profile.get("bytecode_version"))
+    with Store(cache_dir, readonly=False) as store:
+        report = guard.check(store, jobs, workers)
+    for line in report.warnings():
+        print(line, file=sys.stderr)
+    return guard, report
+
+
+def remember_build(guard: IrGuard, cache_dir: Path, compiled: Iterable[str]) -> None:
+    """After the build: remember the entries it compiled (see `IrGuard.remember`)."""
+    from cache import Store
+    with Store(cache_dir, readonly=False) as store:
+        guard.remember(store, compiled)
+
+
+__all__ = ["IrCheck", "IrGuard", "MEMO_FILE", "check_cached", "remember_build",
+           "source_state"]
