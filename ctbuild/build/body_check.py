@@ -69,6 +69,11 @@ def _shown(filename: str) -> str:
 
 def check_bodies(plan: Plan, devices: Any = None) -> list[str]:
     """Each kernel's body error as ``kernel 'name' (module): kernel body: file:line: ...``."""
+    from ..cutile import max_bytecode_version
+    try:
+        max_bytecode_version()  # asks tileiras: a broken toolchain is the probe's to report
+    except Exception:  # noqa: BLE001
+        return []
     by_name = {e.kernel.name: e.kernel for e in plan.entries}
     problems = []
     for name, job in representative_jobs(plan).items():
