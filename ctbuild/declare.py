@@ -17,8 +17,8 @@ import cuda.tile as ct
 
 from . import cutile
 from .arch import Arch
-from .device_table import DeviceInfo, wants_device
 from .declaration_checks import arity_problem, bucket_problem, default_problem, did_you_mean
+from .device_table import DeviceInfo, wants_device
 from .dims import expand_workloads
 from .fingerprint import FingerprintError, kernel_fingerprint
 from .keys import key as default_key_fn

@@ -17,7 +17,6 @@ from typing import Any, Iterator, Mapping, Sequence
 from .keys import pow2
 from .specs import Tensor, Workload
 
-
 #: The largest size any cuTile index can hold (an int64 index: ``ct.IndexedWithInt64``);
 #: without that annotation sizes above 2**31 - 1 fail at launch, and grids are checked at plan.
 MAX_INDEX = 2**63 - 1

@@ -835,7 +835,7 @@ class _Run:
                 if self.farm.options.local_only:  # ... but there is no Ray
                     self.farm.fatal = (f"local worker {slot.name} exited while setting up "
                                        f"(code {slot.local.proc.poll()})")
-                    raise FarmError(self.farm.fatal)
+                    raise FarmError(self.farm.fatal) from None
             else:
                 self.requeue(slot, None, "the local worker process exited "
                                          f"(code {slot.local.proc.poll()})")

@@ -105,3 +105,15 @@ def test_precompile_without_ray_builds_on_local_workers(tmp_path: Path, capsys, 
     assert out.count("Ray is not installed here") == 1, out
     assert "local worker processes, no Ray" in out and " 0 failed" in out, out
 
+
+
+def test_failed_compile_shows_the_compilers_reason() -> None:
+    """tileiras' own stderr, on the one line a build report shows (not "Return code 3")."""
+    from cuda.tile._compiler_options import CompilerOptions
+
+    from ctbuild.build.compiler import TileIR, TileirasError, _tileiras
+    with pytest.raises(TileirasError) as info:
+        _tileiras(TileIR(b"not bytecode", "x", (), (), False), CompilerOptions(), "sm_90", 60)
+    text = str(info.value)
+    assert text.startswith("tileiras exit ") and "\n" not in text
+    assert "input does not correspond to Tile IR bytecode" in text

@@ -75,6 +75,21 @@ def tileir(kernel: TunedKernel, cfg: Config, signature: Any, arch: str) -> TileI
                   result.linker_inputs, bool(result.library_lifecycle_providers))
 
 
+class TileirasError(RuntimeError):
+    """tileiras exited non-zero; the message is its own reason, on one line."""
+
+
+def _tileiras_reason(exc: Any) -> str:
+    """``tileiras exit N: <its stderr, one line>``: cuTile's message puts "Return code N" on a
+    line of its own, which a one-line report would show alone."""
+    lines = [line.strip() for line in str(getattr(exc, "message", exc)).splitlines()
+             if line.strip()]
+    code = lines.pop(0).removeprefix("Return code ") if lines and \
+        lines[0].startswith("Return code") else "?"
+    said = "; ".join(lines) or "it wrote no reason on stderr"
+    return f"tileiras exit {code}: {said} (flags: {getattr(exc, 'compiler_flags', '?')})"
+
+
 def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) -> bytes:
     """Compile front-end output to a CUBIN with tileiras, in the cleaned compile env."""
     from cuda.tile import TileCompilerExecutionError
@@ -91,10 +106,11 @@ def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) ->
                                   preview_features=ir.preview_features,
                                   linker_inputs=tuple(p for p, _ in ir.linker_inputs))
         except TileCompilerExecutionError as exc:
+            reason = _tileiras_reason(exc)
             if (passed := [f"{v}={os.environ[v]}" for v in TOOLKIT_ENV_VARS if v in os.environ]):
-                raise RuntimeError(f"{exc} (tileiras ran with {', '.join(passed)}, which "
-                                   "selects the ptxas/libnvvm it uses; unset it)") from None
-            raise
+                raise TileirasError(f"{reason} (tileiras ran with {', '.join(passed)}, which "
+                                    "selects the ptxas/libnvvm it uses; unset it)") from None
+            raise TileirasError(reason) from None
         return cubin.read_bytes()
 
 

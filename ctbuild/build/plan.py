@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..arch import Arch
+from ..declaration_checks import ReadLog, grid_problem, idle_axis_problem
 from ..declare import DEFAULT_CAP, DeclarationError, TunedKernel
 from ..device_table import nominal_device
 from ..dims import dynamic_positions
@@ -24,7 +25,6 @@ from ..signature_classes import (
     param_dynamics,
     weaken,
 )
-from ..declaration_checks import ReadLog, grid_problem, idle_axis_problem
 from ..space import HINT_NAMES, Config, UnknownAxisError
 from ..specs import Workload, describe, spec_to_json
 from ..user_code import where

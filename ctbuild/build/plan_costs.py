@@ -73,16 +73,19 @@ def kernel_costs(plan: Plan, cache_dir: Path | None = None) -> list[KernelCost]:
     """Per kernel of ``plan``, in plan order: jobs, estimated compile and tune seconds."""
     known, cached, per_config = _store_facts(cache_dir, list(plan.jobs))
     estimate = JobEstimator(known)
-    out: dict[str, KernelCost] = {}
-    for job in plan.jobs.values():
-        cost = out.setdefault(job.kernel, KernelCost(job.kernel, 0, 0, 0.0, 0, 0, 0.0))
-        cost.jobs += 1
-        if job.key in cached:
-            cost.cached += 1
-            continue
-        as_json = job.to_json()
-        cost.compile_seconds += estimate(as_json)
-        cost.recorded += int(estimate.known.get(_ident(as_json)) is not None)
+    keys: dict[str, set[str]] = {}  # a CUBIN two kernels share counts for each of them
+    for e in plan.entries:
+        keys.setdefault(e.kernel.name, set()).update(e.job_keys)
+    out = {name: KernelCost(name, len(ks), 0, 0.0, 0, 0, 0.0) for name, ks in keys.items()}
+    for name, ks in keys.items():
+        cost = out[name]
+        for key in ks:
+            if key in cached:
+                cost.cached += 1
+                continue
+            as_json = {**plan.jobs[key].to_json(), "kernel": name}
+            cost.compile_seconds += estimate(as_json)
+            cost.recorded += int(estimate.known.get(_ident(as_json)) is not None)
     tune_arch = plan.entries[0].arch if plan.entries else None
     for e in plan.entries:
         cost = out[e.kernel.name]

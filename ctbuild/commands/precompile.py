@@ -46,12 +46,16 @@ examples:
   ctbuild precompile --address 10.0.0.5:6379 --cache /cache   # existing Ray cluster
   ctbuild precompile --from-record /logs/ctbuild-misses.jsonl --report build/precompile.json
   ctbuild precompile --json --allow-failures | jq .failed
+  ctbuild precompile --kernel matmul --cache /cache   # the kernel being edited only
 
-By default an embedded local Ray with one worker per core is started (a few seconds) and
-stopped at the end; into an empty cache it starts while the toolchain is probed and the plan
-made, otherwise only when something is left to compile. While it starts, --early-workers
-local processes (default: one per worker, leaving 2 cores to Ray) compile; each Ray worker
-that is up replaces one. --address (or $RAY_ADDRESS) joins an existing cluster instead:
+A small build (estimated compile work under 8 s per worker) and a machine without Ray
+compile on local worker processes, never waiting for Ray (--farm auto; --farm ray or local
+to choose). Each kernel's body goes through cuTile's front end first: an error in it is
+reported once, with file:line, exit 2. Otherwise an embedded local Ray with one worker per
+core is started (a few seconds) and stopped at the end; into an empty cache it starts while
+the toolchain is probed and the plan made, otherwise only when something is left to compile.
+While it starts, --early-workers local processes (default: one per worker, leaving 2 cores
+to Ray) compile; each Ray worker that is up replaces one. --address (or $RAY_ADDRESS) joins an existing cluster instead:
 ctbuild, the farm, the cache package and the project's kernel modules are shipped to the
 workers, which need cuda-tile[tileiras], ray, diskcache and xxhash installed, but no cache
 path and no shared filesystem: workers send each CUBIN back and this process alone stores it
