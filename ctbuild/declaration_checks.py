@@ -114,6 +114,23 @@ def grid_problem(grid: Any) -> str | None:
     return None
 
 
+def index_problem(params: Sequence[str], args: Sequence[Any], signature: Any) -> str | None:
+    """A tensor whose sizes or strides exceed the int32 index cuTile uses unless the parameter
+    is annotated ``ct.IndexedWithInt64`` (the launch would refuse it)."""
+    import cuda.tile as ct
+
+    from .specs import Tensor
+    for name, value, constraint in zip(params, args, getattr(signature, "parameters", ())):
+        if not isinstance(value, Tensor) or getattr(constraint, "index_dtype", None) != ct.int32:
+            continue
+        big = max([*value.shape, *(abs(s) for s in value.strides or ())], default=0)
+        if big > 2**31 - 1:
+            return (f"{name} has a size or stride of {big}, beyond cuTile's int32 index range; "
+                    f"annotate the parameter {name} with ct.IndexedWithInt64, or lower the "
+                    "Dim's hi")
+    return None
+
+
 class ReadLog(Config):
     """A config that notes which axes its readers asked for (iterating reads them all)."""
 

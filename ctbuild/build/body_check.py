@@ -70,9 +70,11 @@ def _shown(filename: str) -> str:
 def check_bodies(plan: Plan, devices: Any = None) -> list[str]:
     """Each kernel's body error as ``kernel 'name' (module): kernel body: file:line: ...``."""
     from ..cutile import max_bytecode_version
-    try:
-        max_bytecode_version()  # asks tileiras: a broken toolchain is the probe's to report
-    except Exception:  # noqa: BLE001
+    from ..toolchain import compile_environment
+    try:  # asks tileiras (once per process, cached), in the env every compile runs in
+        with compile_environment():
+            max_bytecode_version()
+    except Exception:  # noqa: BLE001 - a broken toolchain is the probe's to report
         return []
     by_name = {e.kernel.name: e.kernel for e in plan.entries}
     problems = []

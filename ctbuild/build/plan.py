@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..arch import Arch
-from ..declaration_checks import ReadLog, grid_problem, idle_axis_problem
+from ..declaration_checks import ReadLog, grid_problem, idle_axis_problem, index_problem
 from ..declare import DEFAULT_CAP, DeclarationError, TunedKernel
 from ..device_table import nominal_device
 from ..dims import dynamic_positions
@@ -119,7 +119,8 @@ def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
     except Exception as exc:  # grid/args are user code: any error is a declaration problem
         raise kernel.error(f"config {cfg!r} on {describe(w)}: {type(exc).__name__}: {exc}"
                            f"{where(exc)}") from None
-    if problem := grid_problem(grid):
+    if problem := index_problem(kernel.kernel_params, kernel_args, signature) or \
+            grid_problem(grid):
         raise kernel.error(f"config {cfg!r} on {describe(w)}: {problem}")
     key = kernel_compile_key(kernel, cfg, signature, arch, toolchain_fp)
     return CompileJob(key=key, kernel=kernel.name, module=kernel.module,
