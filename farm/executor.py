@@ -216,6 +216,11 @@ class Farm:
         self._thread = threading.Thread(target=target, name="farm-start", daemon=True)
         self._thread.start()
 
+    @property
+    def ray_requested(self) -> bool:
+        """Whether Ray is started, starting or joined (then this run uses Ray's workers)."""
+        return self._thread is not None or self.started
+
     def _join_start(self) -> None:
         """Wait until a background start is done; re-raise its error here."""
         if self._thread is not None:

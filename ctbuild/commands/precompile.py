@@ -55,13 +55,14 @@ reported once, with file:line, exit 2. Otherwise an embedded local Ray with one 
 core is started (a few seconds) and stopped at the end; into an empty cache it starts while
 the toolchain is probed and the plan made, otherwise only when something is left to compile.
 While it starts, --early-workers local processes (default: one per worker, leaving 2 cores
-to Ray) compile; each Ray worker that is up replaces one. --address (or $RAY_ADDRESS) joins an existing cluster instead:
-ctbuild, the farm, the cache package and the project's kernel modules are shipped to the
-workers, which need cuda-tile[tileiras], ray, diskcache and xxhash installed, but no cache
-path and no shared filesystem: workers send each CUBIN back and this process alone stores it
-(and reads it back) in --cache. Longest configs go first (by the compile seconds the
-cache recorded for them in earlier builds). Two builds into one cache never compile the same
-key twice. A full disk stops the build (exit 1); every CUBIN stored until then is kept.
+to Ray) compile; each Ray worker that is up replaces one. --address (or $RAY_ADDRESS) joins
+an existing cluster instead: ctbuild, the farm, the cache package and the project's kernel
+modules are shipped to the workers, which need cuda-tile[tileiras], ray, diskcache and
+xxhash installed, but no cache path and no shared filesystem: workers send each CUBIN back
+and this process alone stores it (and reads it back) in --cache. Longest configs go first
+(by the compile seconds the cache recorded for them in earlier builds). Two builds into one
+cache never compile the same key twice. A full disk stops the build (exit 1); every CUBIN
+stored until then is kept.
 
 Workers drop CUDA_HOME/CUDA_PATH so the pip tileiras with its own ptxas/libnvvm is used; a
 worker whose toolchain fingerprint differs from this machine's aborts the build.
@@ -247,7 +248,7 @@ def _use_local(args: argparse.Namespace, farm: Any, store: Any, jobs: list[dict[
                estimate: Any) -> None:
     """Settle where the jobs compile when no Ray was started early: local processes for
     ``--farm local`` or a small build (`farm_choice.is_small`) under ``auto``."""
-    if farm._thread is not None or farm.started:
+    if farm.ray_requested:
         return
     todo = [j for j in jobs if not store.has_compile(j["key"])]
     farm.options.local_only = args.farm == "local" or (
