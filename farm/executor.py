@@ -45,7 +45,7 @@ from multiprocessing.connection import wait as connection_wait
 from typing import Any, Callable, Iterable
 
 from .claims import Claims
-from .cluster import connect, disconnect, resolve_address
+from .cluster import connect, disconnect, resolve_address, start_reaper, stop_reaper
 from .local_workers import END, FAILED_SETUP, RECORD, WARM, LocalWorker
 from .records import CACHED, COMPILED, FAILED, FarmError, FarmResult, JobRecord
 from .worker import FarmWorker, callable_ref
@@ -247,6 +247,8 @@ class Farm:
         self.early_workers, self.early_info = 0, []
         if self.options.local_only:  # no Ray at all: one local worker per slot
             self._t_start = time.monotonic()
+            if self._reaper is None:  # a SIGKILLed driver takes its workers (and tileiras) along
+                self._reaper = start_reaper()
             self._add_local(wanted)
             return
         early = self.options.early_workers
@@ -342,7 +344,9 @@ class Farm:
         self.startup_steps = {}
         if self.started:
             disconnect(self._owned, self._reaper)
-            self._reaper = None
+        elif self._reaper is not None:  # local workers only: they are stopped by now
+            stop_reaper(self._reaper)
+        self._reaper = None
         self.started = False
         self._release.set()
         if self._thread is not None:
