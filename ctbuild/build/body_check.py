@@ -44,18 +44,25 @@ def body_problem(kernel: TunedKernel, job: CompileJob, devices: Any = None) -> s
     return None
 
 
-def _describe(exc: BaseException) -> str:
-    """cuTile's message on one line, prefixed by the user's file:line:col when it has one."""
+def one_line(exc: BaseException) -> str:
+    """cuTile's message on one line (its location goes on lines of its own)."""
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    text = "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    return "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def location(exc: BaseException) -> str | None:
+    """``file:line:col`` in the user's kernel that a cuTile front-end error points at."""
     loc = getattr(exc, "loc", None)
     filename, line = getattr(loc, "filename", None), getattr(loc, "line", None)
-    if filename and line:
-        where = f"{_shown(filename)}:{line}"
-        col = getattr(loc, "col", None)
-        where += f":{col}" if col is not None else ""
-        return f"{where}: {type(exc).__name__}: {text}"
-    return f"{type(exc).__name__}: {text}"
+    if not (filename and line):
+        return None
+    col = getattr(loc, "col", None)
+    return f"{_shown(filename)}:{line}" + (f":{col}" if col is not None else "")
+
+
+def _describe(exc: BaseException) -> str:
+    where = location(exc)
+    return f"{where + ': ' if where else ''}{type(exc).__name__}: {one_line(exc)}"
 
 
 def _shown(filename: str) -> str:

@@ -75,6 +75,19 @@ def tileir(kernel: TunedKernel, cfg: Config, signature: Any, arch: str) -> TileI
                   result.linker_inputs, bool(result.library_lifecycle_providers))
 
 
+def _located(exc: BaseException) -> BaseException:
+    """A cuTile front-end error of the same class whose first line (what a build report
+    shows) names the kernel's file:line; ``exc`` itself where that cannot be built."""
+    from .body_check import location, one_line
+    where = location(exc)
+    if where is None:
+        return exc
+    try:
+        return type(exc)(f"{where}: {one_line(exc)}", getattr(exc, "loc"))  # noqa: B009
+    except Exception:  # noqa: BLE001 - a class with another constructor: keep the original
+        return exc
+
+
 class TileirasError(RuntimeError):
     """tileiras exited non-zero; the message is its own reason, on one line."""
 
@@ -136,7 +149,10 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
             f"planned kernel {job['kernel_fp'][:12]}); install the same cuda-tile/tileiras and "
             "sources on every worker")
     start = time.perf_counter()
-    ir = tileir(kernel, cfg, signature, job["arch"])
+    try:
+        ir = tileir(kernel, cfg, signature, job["arch"])
+    except Exception as exc:  # noqa: BLE001 - re-raised, its kernel line on its first line
+        raise _located(exc) from None
     if ir.links_libraries:
         raise RuntimeError(f"{job['kernel']}: links cuTile library modules, which ctbuild "
                            "cannot serve from its cache yet")
