@@ -67,6 +67,9 @@ def parse_archs(text: str) -> list[str]:
     if not all(archs):
         raise argparse.ArgumentTypeError(
             f"invalid --arch {text!r}: give comma-separated archs with none empty, e.g. sm_90,sm_100")
+    if bad := [a for a in archs if not re.fullmatch(r"sm_\d{2,3}", a)]:  # else an empty bundle
+        digits = re.sub(r"\D", "", bad[0]) or "90"
+        raise argparse.ArgumentTypeError(f"invalid --arch {bad[0]!r}: archs are spelt sm_XY, e.g. sm_{digits}")
     return archs
 
 

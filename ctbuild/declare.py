@@ -18,6 +18,7 @@ import cuda.tile as ct
 
 from . import cutile
 from .arch import Arch
+from .declaration_checks import arity_problem, bucket_problem, default_problem, did_you_mean
 from .device_table import DeviceInfo, wants_device
 from .dims import expand_workloads
 from .fingerprint import FingerprintError, kernel_fingerprint
@@ -76,6 +77,11 @@ class TunedKernel:
         self.pyfunc = cutile.pyfunc(kernel)
         self.name = name or self.pyfunc.__name__
         self.module = self.pyfunc.__module__
+        if not self.pyfunc.__name__.isascii():  # tileiras fails on it with no reason given
+            raise self.error(f"the function name {self.pyfunc.__name__!r} has non-ASCII "
+                             "letters, which cuTile cannot use as a kernel symbol; rename the "
+                             "function (name= sets only ctbuild's name for it)")
+        self._check_functions(grid, args, hints, key, default)
         functools.update_wrapper(self, self.pyfunc)
         try:
             self.space: Space = as_space(space)
@@ -112,6 +118,9 @@ class TunedKernel:
                 raise self.error(f"kernel parameter(s) {missing} are neither call arguments nor "
                                  "search-space axes; add them to the space or pass args=")
         self.declared_workloads = [self._check_workload(w) for w in given]
+        if problem := bucket_problem(self.key_fn, self.params,
+                                     self.declared_workloads[0] if given else None):
+            raise self.error(problem)
         try:
             self.dynamic_workloads, self.workloads, self.buckets = expand_workloads(
                 self.declared_workloads)
@@ -149,12 +158,41 @@ class TunedKernel:
                 raise self.error(str(exc)) from None
         return self._fingerprint
 
+    def _check_functions(self, grid: Any, args: Any, hints: Any, key: Any, default: Any
+                         ) -> None:
+        """The user's functions take what they will be given (else a bare TypeError later)."""
+        checks = [("grid", grid, (2, 3), "(cfg, w) or (cfg, w, dev)"),
+                  ("args", args, (2,), "(cfg, w)"), ("hints", hints, (1,), "(cfg)"),
+                  ("key", key, (1,), "(w)")]
+        if callable(default):
+            checks.append(("default", default, (1,), "(w)"))
+        for what, fn, counts, shape in checks:
+            if fn is not None and (problem := arity_problem(what, fn, counts, shape)):
+                raise self.error(problem)
+
     # ---- workloads and configs ---------------------------------------------------------
     def _check_workload(self, w: Workload) -> Workload:
         if set(w) != set(self.params):
-            raise self.error(f"workload {w!r} must give exactly the call arguments "
-                             f"{', '.join(self.params)}")
+            raise self.error(self._workload_problem(w))
         return Workload({p: w[p] for p in self.params})
+
+    def _workload_problem(self, w: Workload) -> str:
+        """Why a workload's names differ from the call arguments; most often an axis named
+        unlike its kernel parameter, which turns that parameter into a call argument."""
+        missing = [p for p in self.params if p not in w]
+        extra = [n for n in w if n not in self.params]
+        stray = [a for a in self.axes if a not in self.kernel_params and a not in HINT_NAMES]
+        if missing and stray and all(p in self.kernel_params for p in missing):
+            axis = stray[0]
+            return (f"axis {axis!r} matches no kernel parameter{did_you_mean(axis, missing)}, "
+                    f"so {', '.join(map(repr, missing))} became call argument(s) the workloads "
+                    f"do not give; kernel parameters: {', '.join(self.kernel_params)}")
+        parts = [f"lacks {', '.join(map(repr, missing))}" if missing else "",
+                 f"has unknown {', '.join(repr(n) + did_you_mean(n, missing) for n in extra)}"
+                 if extra else ""]
+        return (f"workload {w!r} {' and '.join(p for p in parts if p)}; the call arguments "
+                f"are {', '.join(self.params)} (the kernel parameters that are not axes, or "
+                "params=)")
 
     def bind(self, *args: Any, **kwargs: Any) -> Workload:
         """Name the call arguments: ``matmul(a, b, c)`` -> ``Workload(A=a, B=b, C=c)``."""
@@ -172,8 +210,8 @@ class TunedKernel:
         return Workload({p: values[p] for p in self.params})
 
     def _check_default(self, cfg: Config) -> None:
-        if cfg not in [Config(c) for c in self.space.enumerate()]:
-            raise self.error(f"default config {cfg!r} is not in the search space")
+        if problem := default_problem(cfg, self.space):
+            raise self.error(problem)
 
     def default_config(self, w: Workload) -> Config:
         """The config used before (or without) tuning: declared, or the space's first."""

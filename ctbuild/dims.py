@@ -10,11 +10,27 @@ between is decided by `ctbuild.signature_classes`.
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from .keys import pow2
 from .specs import Tensor, Workload
+
+#: The largest size any cuTile index can hold (an int64 index: ``ct.IndexedWithInt64``);
+#: without that annotation sizes above 2**31 - 1 fail at launch, and grids are checked at plan.
+MAX_INDEX = 2**63 - 1
+
+
+def _size(dim: str, what: str, value: Any) -> int:
+    """A whole number of elements: an int (numpy's too); a bool, float or string is a typo."""
+    try:
+        if isinstance(value, (bool, float, str, bytes)):
+            raise TypeError
+        return int(operator.index(value))
+    except TypeError:
+        raise ValueError(f"Dim {dim!r}: {what} must be an int, got {value!r} "
+                         f"({type(value).__name__})") from None
 
 
 @dataclass(frozen=True)
@@ -30,9 +46,12 @@ class Dim:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"Dim name must be an identifier, got {self.name!r}")
-        lo, hi = int(self.lo), int(self.hi)
+        lo, hi = _size(self.name, "lo", self.lo), _size(self.name, "hi", self.hi)
         if lo < 1 or hi < lo:
             raise ValueError(f"Dim {self.name!r}: need 1 <= lo <= hi, got lo={lo}, hi={hi}")
+        if hi > MAX_INDEX:
+            raise ValueError(f"Dim {self.name!r}: hi={hi} is above cuTile's index limit "
+                             f"{MAX_INDEX} (2**63 - 1); give a real upper bound")
         object.__setattr__(self, "lo", lo)
         object.__setattr__(self, "hi", hi)
         if self.buckets is None:
@@ -42,7 +61,10 @@ class Dim:
                 b *= 2
             bounds.append(hi)
         else:
-            bounds = sorted({int(b) for b in self.buckets} | {hi})
+            if isinstance(self.buckets, (str, bytes)) or not hasattr(self.buckets, "__iter__"):
+                raise ValueError(f"Dim {self.name!r}: buckets must be a list of sizes, "
+                                 f"got {self.buckets!r}")
+            bounds = sorted({_size(self.name, "bucket bound", b) for b in self.buckets} | {hi})
             if bounds[0] < lo:
                 raise ValueError(f"Dim {self.name!r}: bucket bound {bounds[0]} is below lo={lo}")
             if bounds[-1] > hi:

@@ -123,4 +123,5 @@ def key(bucket: Mapping[str, Mapping[int, Callable[[int], int]]] | None = None
                 out.append(type(value).__name__)
         return tuple(out)
 
+    tuning_key.__dict__["ctbuild_bucket"] = bucket  # checked against the arguments at declaration
     return tuning_key

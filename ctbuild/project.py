@@ -7,8 +7,10 @@ Relative paths in the file are relative to the file, so a build works from any d
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
+import re
 import sys
 import tomllib
 import traceback
@@ -86,6 +88,27 @@ class Project:
                 "fix it, or run with -v for the traceback")
 
 
+def select_kernels(kernels: list[TunedKernel], names: list[str] | None) -> list[TunedKernel]:
+    """The kernels named by ``--kernel`` (repeatable), in declaration order; all without names.
+    An unknown name is a `ConfigError` listing the project's kernels, with a "did you mean"."""
+    if not names:
+        return kernels
+    known = [k.name for k in kernels]
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"--kernel {name}: no such kernel in this project{hint}; "
+                              f"kernels: {', '.join(known)}")
+    return [k for k in kernels if k.name in names]
+
+
+def _arch_hint(message: str) -> str:
+    """`` (did you mean 'sm_90'?)`` for an arch written without its underscore."""
+    match = re.search(r"'sm-?(\d+)'", message)
+    return f" (did you mean 'sm_{match.group(1)}'?)" if match else ""
+
+
 def _within(filename: str, directory: Path) -> bool:
     if filename.startswith("<"):  # <string>, <frozen ...>: not a file
         return False
@@ -130,8 +153,10 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | list[str
     project.paths = [(base / p).resolve() for p in table.get("paths", ["."])]
     try:
         project.archs = parse_archs(archs or table.get("archs") or ["sm_90"])
-    except ValueError as exc:
-        raise ConfigError(f"{project.where}: {exc}") from exc
+    except ValueError as exc:  # blame where the archs came from: the flag, else the file
+        given = ",".join(archs) if isinstance(archs, list) else archs
+        where = f"--arch {given}" if archs else f"{project.where}: archs"
+        raise ConfigError(f"{where}: {exc}{_arch_hint(str(exc))}") from exc
     project.generic = bool(table.get("generic_fallback", True))
     try:
         project.devices = parse_devices(table.get("devices", {}), project.where)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-#: Axis names that are cuTile compiler hints rather than kernel arguments.
+#: Axis names that are cuTile compiler hints rather than kernel arguments: the fields of
+#: ``cuda.tile``'s ``CompilerOptions`` (``ct.kernel(occupancy=...)``).
 HINT_NAMES = ("occupancy", "num_ctas", "num_worker_warps", "opt_level")
+#: Triton's tuning knobs, which cuTile does not have (it picks threads and pipelining itself).
+TRITON_KNOBS = ("num_warps", "num_stages", "maxnreg")
 
 Constraint = Callable[..., bool]
 
@@ -97,6 +100,8 @@ class Zip(Space):
         if not axes:
             raise ValueError("Zip needs at least one axis")
         lengths = {name: len(values) for name, values in axes.items()}
+        if empty := [name for name, n in lengths.items() if n == 0]:
+            raise ValueError(f"Zip axis {empty[0]!r} has no values; give it at least one")
         if len(set(lengths.values())) != 1:
             raise ValueError(f"Zip axes must have equal lengths, got {lengths}")
         self._axes = {k: list(v) for k, v in axes.items()}
@@ -118,6 +123,9 @@ class Product(Space):
         for name, values in axes.items():
             if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
                 raise TypeError(f"axis {name!r} must be a list of values, got {values!r}")
+            if not list(values):
+                raise ValueError(f"axis {name!r} has no values; give it at least one "
+                                 f"(e.g. {name}=[64])")
         self._parts: list[list[dict[str, Any]]] = [g.enumerate() for g in groups]
         self._parts += [[{name: v} for v in values] for name, values in axes.items()]
         names = [n for part in self._parts for n in (part[0] if part else {})]

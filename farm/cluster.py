@@ -13,6 +13,7 @@ only on CPU the compiles leave idle (`yield_idle_daemons`).
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -33,6 +34,15 @@ SHIP_EXCLUDES = ["__pycache__", "*.pyc", ".git", "*.egg-info"]
 #: raylet or its agents, which starting and scheduling the workers waits on.
 IDLE_DAEMONS = ("ray/_private/log_monitor.py", "ray/autoscaler/_private/monitor.py",
                 "ray/dashboard/dashboard.py")
+
+
+def ray_installed() -> bool:
+    """Whether Ray can be imported here (a serving install has no ``farm`` extra), without
+    importing it (a second or so)."""
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def resolve_address(address: str | None) -> str | None:

@@ -45,7 +45,7 @@ from multiprocessing.connection import wait as connection_wait
 from typing import Any, Callable, Iterable
 
 from .claims import Claims
-from .cluster import connect, disconnect, resolve_address
+from .cluster import connect, disconnect, resolve_address, start_reaper, stop_reaper
 from .local_workers import END, FAILED_SETUP, RECORD, WARM, LocalWorker
 from .records import CACHED, COMPILED, FAILED, FarmError, FarmResult, JobRecord
 from .worker import FarmWorker, callable_ref
@@ -97,6 +97,9 @@ class FarmOptions:
     # local processes that compile while an embedded Ray starts in the background (None:
     # `default_early_workers`; 0: none); a joined cluster or a Ray already up never uses them
     early_workers: int | None = None
+    # run every job on local worker processes and never start Ray: where Ray is not installed,
+    # or for a build that would be over before an embedded Ray is up
+    local_only: bool = False
 
 
 @dataclass
@@ -180,6 +183,7 @@ class Farm:
         self._planned = 0                    # worker slots this run is to have
         self._leaving: list[LocalWorker] = []   # retired local workers, reaped at close
         self.early_workers = 0               # local workers started while Ray started
+        self._local_seq = 0                  # names local workers uniquely (e0, e1, ...)
         self.early_info: list[dict[str, Any]] = []  # what each of them reported when warm
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -212,6 +216,11 @@ class Farm:
         self._thread = threading.Thread(target=target, name="farm-start", daemon=True)
         self._thread.start()
 
+    @property
+    def ray_requested(self) -> bool:
+        """Whether Ray is started, starting or joined (then this run uses Ray's workers)."""
+        return self._thread is not None or self.started
+
     def _join_start(self) -> None:
         """Wait until a background start is done; re-raise its error here."""
         if self._thread is not None:
@@ -236,25 +245,38 @@ class Farm:
         wanted = self._wanted(n_jobs) or 1
         self._planned = wanted
         self.early_workers, self.early_info = 0, []
+        if self.options.local_only:  # no Ray at all: one local worker per slot
+            self._t_start = time.monotonic()
+            if self._reaper is None:  # a SIGKILLed driver takes its workers (and tileiras) along
+                self._reaper = start_reaper()
+            self._add_local(wanted)
+            return
         early = self.options.early_workers
         early = default_early_workers(wanted) if early is None else min(early, wanted)
         if not (starting and self.address is None and early > 0):
             self.start(n_jobs)
             return
         self.startup_steps["early"] = time.monotonic() - self._t_start
+        self._add_local(early)
+
+    def _add_local(self, n: int, count: bool = True) -> None:
+        """Start ``n`` local worker processes (fewer where the system refuses more: then Ray's
+        workers, or the local ones that did start, do the work)."""
         spec = self._spec()
-        for i in range(early):
+        for _ in range(n):
+            name = f"e{self._local_seq}"
+            self._local_seq += 1
             try:
-                slot = _Slot(f"e{i}", local=LocalWorker(f"e{i}", spec))
-            except OSError:  # no more processes here (a limit, no memory): Ray's workers will do
+                slot = _Slot(name, local=LocalWorker(name, spec))
+            except OSError:
                 break
             slot.warm_ref = slot.local  # until it says it is warm
             self.slots.append(slot)
-            self.early_workers += 1
+            self.early_workers += int(count)
 
     def _poll_start(self, n_jobs: int) -> bool:
         """Spawn Ray's workers once a background start is done; True while it is not."""
-        if self._ray_slots:
+        if self._ray_slots or self.options.local_only:
             return False
         if self._thread is not None and not self._start_done.is_set():
             return True
@@ -322,7 +344,9 @@ class Farm:
         self.startup_steps = {}
         if self.started:
             disconnect(self._owned, self._reaper)
-            self._reaper = None
+        elif self._reaper is not None:  # local workers only: they are stopped by now
+            stop_reaper(self._reaper)
+        self._reaper = None
         self.started = False
         self._release.set()
         if self._thread is not None:
@@ -455,8 +479,10 @@ class Farm:
     def _restart(self, slot: _Slot) -> None:
         self.restarts += 1
         self._closed(slot)
-        if slot.local is not None:  # never replaced: Ray's workers take over
+        if slot.local is not None:  # Ray's workers take over; with no Ray, a new local one
             self._drop_local(slot, kill=True)
+            if self.options.local_only:
+                self._add_local(1, count=False)
             return
         if slot.actor is not None:
             try:
@@ -515,6 +541,7 @@ class Farm:
                     result.worker_seconds = self.worker_seconds
                     result.workers = self._ray_slots
                     result.early_workers = self.early_workers
+                    result.local_only = self.options.local_only
                     result.worker_info = self.early_info + [
                         s.info for s in self.slots if s.info and s.local is None]
             finally:
@@ -814,6 +841,10 @@ class _Run:
         except (EOFError, OSError):
             if slot.warm_ref is not None:  # died setting up: Ray's workers will do its work
                 self.farm._drop_local(slot, kill=True)
+                if self.farm.options.local_only:  # ... but there is no Ray
+                    self.farm.fatal = (f"local worker {slot.name} exited while setting up "
+                                       f"(code {slot.local.proc.poll()})")
+                    raise FarmError(self.farm.fatal) from None
             else:
                 self.requeue(slot, None, "the local worker process exited "
                                          f"(code {slot.local.proc.poll()})")

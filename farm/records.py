@@ -49,6 +49,7 @@ class FarmResult:
     records: list[JobRecord] = field(default_factory=list)
     workers: int = 0              # Ray worker slots used (0: nothing compiled on Ray)
     early_workers: int = 0        # local workers that compiled while the embedded Ray started
+    local_only: bool = False      # every job ran on local workers; Ray was never started
     startup_seconds: float = 0.0  # Ray start/connect + workers imported and warm
     startup_steps: dict[str, float] = field(default_factory=dict)  # `Farm.startup_steps`
     run_seconds: float = 0.0      # first batch submitted -> last record in

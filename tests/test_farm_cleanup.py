@@ -28,6 +28,7 @@ def test_no_temp_dir_remains_after_a_build(tmp_path, early):
     try:
         proc, _, out = precompile("--config", str(SMALL), "--cache", str(tmp_path / "c"),
                                   "--workers", "2", "--early-workers", early, "--json",
+                                  "--farm", "ray",
                                   env={"TMPDIR": str(temp)})
         assert proc.returncode == 0 and out["compiled"] == 6, explain(proc)
         assert out["early_workers"] == int(early)
@@ -72,7 +73,7 @@ def test_sigkill_of_the_driver_leaves_no_process_it_started(tmp_path):
     driver = subprocess.Popen(
         [sys.executable, "-m", "ctbuild", "precompile", "--config", str(FAULTY), "--cache",
          str(tmp_path / "c"), "--workers", "2", "--early-workers", "1", "--compile-timeout",
-         "600"],
+         "600", "--farm", "ray"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180

@@ -101,7 +101,7 @@ def test_good_fixture_plans(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kwargs,expected", [
     ({"grid_axis": "NOPE"}, "config has no axis 'NOPE'"),
     ({"where": ", where=lambda cfg, w, arch: cfg.TILE > 1000"}, "empty after pruning"),
-    ({"default": '{"TILE": 32, "occupancy": 1}'}, "not in the search space"),
+    ({"default": '{"TILE": 32, "occupancy": 1}'}, "default TILE=32 is not one of that axis's values"),
     ({"where": ", where=lambda cfg: cfg.TILE == 128"}, "rejected by the constraint"),
     ({"where": ", where=lambda cfg: cfg.BAD == 1"}, "config has no axis 'BAD'"),
 ])

@@ -95,7 +95,7 @@ def test_default_may_be_a_heuristic_of_the_workload() -> None:
 
 
 def test_static_default_outside_space_fails_at_declaration() -> None:
-    with pytest.raises(DeclarationError, match="not in the search space"):
+    with pytest.raises(DeclarationError, match="default TILE=48 is not one of that axis.s values"):
         _declare(space=Product(TILE=[16, 32]), default={"TILE": 48})
 
 

@@ -38,6 +38,34 @@ def find_kernel(module: str, name: str) -> TunedKernel:
     raise LookupError(f"module {module} declares no kernel named {name!r}")
 
 
+def _located(exc: BaseException) -> BaseException:
+    """A cuTile front-end error of the same class whose first line (what a build report
+    shows) names the kernel's file:line; ``exc`` itself where that cannot be built."""
+    from .body_check import location, one_line
+    where = location(exc)
+    if where is None:
+        return exc
+    try:
+        return type(exc)(f"{where}: {one_line(exc)}", getattr(exc, "loc"))  # noqa: B009
+    except Exception:  # noqa: BLE001 - a class with another constructor: keep the original
+        return exc
+
+
+class TileirasError(RuntimeError):
+    """tileiras exited non-zero; the message is its own reason, on one line."""
+
+
+def _tileiras_reason(exc: Any) -> str:
+    """``tileiras exit N: <its stderr, one line>``: cuTile's message puts "Return code N" on a
+    line of its own, which a one-line report would show alone."""
+    lines = [line.strip() for line in str(getattr(exc, "message", exc)).splitlines()
+             if line.strip()]
+    code = lines.pop(0).removeprefix("Return code ") if lines and \
+        lines[0].startswith("Return code") else "?"
+    said = "; ".join(lines) or "it wrote no reason on stderr"
+    return f"tileiras exit {code}: {said} (flags: {getattr(exc, 'compiler_flags', '?')})"
+
+
 def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) -> bytes:
     """Compile front-end output to a CUBIN with tileiras, in the cleaned compile env."""
     from cuda.tile import TileCompilerExecutionError
@@ -52,10 +80,11 @@ def _tileiras(ir: TileIR, options: Any, arch: str, timeout_sec: float | None) ->
             cubin = cutile.compile_cubin(str(source), options, arch, ir.front_end,
                                          timeout_sec)
         except TileCompilerExecutionError as exc:
+            reason = _tileiras_reason(exc)
             if (passed := [f"{v}={os.environ[v]}" for v in TOOLKIT_ENV_VARS if v in os.environ]):
-                raise RuntimeError(f"{exc} (tileiras ran with {', '.join(passed)}, which "
-                                   "selects the ptxas/libnvvm it uses; unset it)") from None
-            raise
+                raise TileirasError(f"{reason} (tileiras ran with {', '.join(passed)}, which "
+                                    "selects the ptxas/libnvvm it uses; unset it)") from None
+            raise TileirasError(reason) from None
         return Path(cubin).read_bytes()
 
 
@@ -81,7 +110,10 @@ def compile_job(job: dict[str, Any], *, timeout_sec: float | None = None) -> dic
             f"planned kernel {job['kernel_fp'][:12]}); install the same cuda-tile/tileiras and "
             "sources on every worker")
     start = time.perf_counter()
-    ir = tileir(kernel, cfg, signature, job["arch"])
+    try:
+        ir = tileir(kernel, cfg, signature, job["arch"])
+    except Exception as exc:  # noqa: BLE001 - re-raised, its kernel line on its first line
+        raise _located(exc) from None
     if ir.links_libraries:
         raise RuntimeError(f"{job['kernel']}: links cuTile library modules, which ctbuild "
                            "cannot serve from its cache yet")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..arch import Arch
+from ..declaration_checks import ReadLog, grid_problem, idle_axis_problem, index_problem
 from ..declare import DEFAULT_CAP, DeclarationError, TunedKernel
 from ..device_table import nominal_device
 from ..dims import dynamic_positions
@@ -24,7 +25,7 @@ from ..signature_classes import (
     param_dynamics,
     weaken,
 )
-from ..space import Config, UnknownAxisError
+from ..space import HINT_NAMES, Config, UnknownAxisError
 from ..specs import Workload, describe, spec_to_json
 from ..user_code import where
 
@@ -110,7 +111,7 @@ def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
         signature = weaken(derive_signature(kernel.kernel, kernel_args), weakening,
                            kernel.pyfunc.__name__)
         kernel.resolved_hints(cfg, arch)
-        kernel.grid(cfg, w, nominal_device(arch, devices))
+        grid = kernel.grid(cfg, w, nominal_device(arch, devices))
     except UnknownAxisError as exc:
         raise kernel.error(str(exc).split(": ", 1)[-1]) from None
     except DeclarationError:
@@ -118,6 +119,9 @@ def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
     except Exception as exc:  # grid/args are user code: any error is a declaration problem
         raise kernel.error(f"config {cfg!r} on {describe(w)}: {type(exc).__name__}: {exc}"
                            f"{where(exc)}") from None
+    if problem := index_problem(kernel.kernel_params, kernel_args, signature) or \
+            grid_problem(grid):
+        raise kernel.error(f"config {cfg!r} on {describe(w)}: {problem}")
     key = kernel_compile_key(kernel, cfg, signature, arch, toolchain_fp)
     return CompileJob(key=key, kernel=kernel.name, module=kernel.module,
                       kernel_fp=kernel.fingerprint, arch=str(arch), config=cfg.to_json(),
@@ -134,6 +138,26 @@ def relaxed_weakening(kernel: TunedKernel, cfg: Config, w: Workload) -> Weakenin
         return None
     return Weakening(RELAXED, param_dynamics(kernel.kernel_args(cfg, w), w,
                                              dynamic_positions(bucket.declared)))
+
+
+def check_axes_reach(kernel: TunedKernel, configs: Sequence[Config], w: Workload,
+                     dev: Any) -> None:
+    """Every axis must reach the compile: a kernel parameter (bound by name), a cuTile hint,
+    or a value grid/args/hints read. Else its values are duplicates, or a hint the user thinks
+    applied is not (Triton's ``num_warps=[4, 8]`` in a cuTile space): raise naming the axis."""
+    reached = set(HINT_NAMES) if kernel.hints_fn is None else set()
+    if kernel.args_fn is None:
+        reached |= set(kernel.kernel_params)
+    if not set(kernel.axes) - reached:
+        return
+    for cfg in configs:
+        log = ReadLog(cfg, kernel.name)
+        kernel.grid(log, w, dev)
+        kernel.kernel_args(log, w)
+        kernel.hints(log)
+        reached |= log.reads
+    if idle := sorted(set(kernel.axes) - reached):
+        raise kernel.error(idle_axis_problem(idle[0], kernel.kernel_params))
 
 
 def make_plan(kernels: Sequence[TunedKernel], archs: Sequence[Arch], toolchain_fp: str,
@@ -170,6 +194,8 @@ def make_plan(kernels: Sequence[TunedKernel], archs: Sequence[Arch], toolchain_f
                         add(cfg, relaxed)
                 if generic:
                     add(cands.default, GENERIC_WEAKENING)
+                if w is workloads[0] and arch == archs[0]:
+                    check_axes_reach(kernel, cands.kept, w, nominal_device(arch, devices))
                 keys = [k for c in CLASSES for k in by_class[c]]
                 plan.entries.append(PlanEntry(kernel, w, arch, cands.total, len(cands.pruned),
                                               cands.kept, cands.default, keys, by_class))

@@ -144,7 +144,9 @@ def render_summary(kernels: list[dict[str, Any]], failures: list[dict[str, Any]]
                      f"{k['failed']:>7} {k['compile_seconds']:>10.2f} {mean:>7}")
     where = summary.get("address") or "embedded Ray"
     workers = f"{summary['workers']} workers on {where}"
-    if summary.get("early_workers"):  # local workers bridged Ray's start-up
+    if summary.get("farm") == "local":
+        workers = f"{summary['early_workers']} local worker processes, no Ray"
+    elif summary.get("early_workers"):  # local workers bridged Ray's start-up
         workers = (f"{workers}, {summary['early_workers']} local while it started"
                    if summary["workers"] else
                    f"{summary['early_workers']} local worker"

@@ -73,6 +73,13 @@ def add_project_args(parser: argparse.ArgumentParser, *, archs: bool = True,
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def add_kernel_arg(parser: argparse.ArgumentParser, verb: str) -> None:
+    """``--kernel NAME`` (repeatable): work on these kernels only (`project.select_kernels`)."""
+    parser.add_argument("--kernel", metavar="NAME", action="append", dest="kernels",
+                        help=f"{verb} only this kernel (repeatable; default: every kernel of "
+                             "the project)")
+
+
 def project_from_args(args: argparse.Namespace) -> Project:
     return load_project(args.config, archs=getattr(args, "arch", None),
                         cache_dir=getattr(args, "cache", None))

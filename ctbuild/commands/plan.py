@@ -3,19 +3,35 @@ from __future__ import annotations
 
 import argparse
 
+from ..build.body_check import check_bodies
 from ..build.coverage import summary_lines
 from ..build.plan import make_plan
+from ..build.plan_costs import KernelCost, kernel_costs
+from ..project import select_kernels
 from ..specs import describe
 from ..toolchain import ToolchainError, probe
-from .common import add_project_args, guarded, print_json, project_from_args
+from .common import (
+    EXIT_USAGE,
+    add_kernel_arg,
+    add_project_args,
+    fail,
+    guarded,
+    print_json,
+    project_from_args,
+)
 
 EPILOG = """\
 examples:
   ctbuild plan --config examples/ctbuild.toml
   ctbuild plan --config examples/ctbuild.toml --arch sm_90,sm_100 --json
+  ctbuild plan --kernel matmul --kernel rmsnorm     # only these kernels
 
 Jobs are deduplicated by compile key, so the job count is the number of CUBINs a clean
-precompile builds. Exit 2 on a bad declaration or config (the message names the kernel).
+precompile builds. Each kernel's body goes through cuTile's front end once (no compile), so a
+body error is reported here with its file:line. Estimated compile seconds come from the times
+the cache recorded in earlier builds, else from tile sizes; tune seconds assume one tuning
+process per workload and about 0.3 s per config. Exit 2 on a bad declaration, kernel body or
+config (the message names the kernel).
 """
 
 
@@ -23,6 +39,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p = sub.add_parser(name, help=summary, description=summary, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_project_args(p, cache=False)
+    add_kernel_arg(p, "plan")
     p.set_defaults(run=guarded(run))
 
 
@@ -36,18 +53,27 @@ def toolchain_fingerprint() -> tuple[str, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     project = project_from_args(args)
-    kernels = project.kernels()
+    kernels = select_kernels(project.kernels(), args.kernels)
     fp, problem = toolchain_fingerprint()
     plan = make_plan(kernels, project.archs, fp, project.cap, generic=project.generic,
                      devices=project.devices)
+    if problem is None and (bodies := check_bodies(plan, project.devices)):
+        for line in bodies:
+            fail(line)
+        return EXIT_USAGE
+    costs = kernel_costs(plan, project.cache_dir)
     if args.json:
         out = plan.to_json()
+        by_name = {c.kernel: c.to_json() for c in costs}
+        for k in out["kernels"]:
+            k["estimate"] = by_name.get(k["name"])
         if problem:
             out["toolchain_problem"] = problem
         print_json(out)
         return 0
     if problem:
-        print(f"warning: no toolchain ({problem}); keys use a placeholder")
+        print(f"warning: no toolchain ({problem}); keys use a placeholder, kernel bodies "
+              "unchecked")
     print(f"{'kernel':<16} {'arch':<7} {'configs':>15}  workload")
     for e in plan.entries:
         counts = f"{e.total}>{e.pruned}>{len(e.configs)}"
@@ -55,7 +81,23 @@ def run(args: argparse.Namespace) -> int:
     print("\ncoverage (serving calls outside the declared shapes):")
     for line in summary_lines(plan, kernels):
         print(("" if line.startswith("warning:") else "  ") + line)
+    print_costs(costs)
     print(f"\n{len(plan.jobs)} compile jobs (distinct compile keys) for "
           f"{len({e.kernel.name for e in plan.entries})} kernels on "
           f"{', '.join(project.archs)}; configs shown as all>after constraint>after cap")
     return 0
+
+
+def print_costs(costs: list[KernelCost]) -> None:
+    """Estimated compile and tune seconds per kernel, and coarser-bucket advice."""
+    print("\nestimated cost (compile: CPU seconds of the jobs not cached; tune: one GPU):")
+    print(f"  {'kernel':<16} {'jobs':>5} {'cached':>7} {'compile s':>10} {'tune s':>8}  source")
+    for c in costs:
+        source = ("recorded" if c.recorded and c.recorded == c.jobs - c.cached else
+                  f"{c.recorded} recorded, rest from tile sizes" if c.recorded else
+                  "tile sizes")
+        print(f"  {c.kernel:<16} {c.jobs:>5} {c.cached:>7} {c.compile_seconds:>10.1f} "
+              f"{c.tune_seconds:>8.1f}  {source}")
+    for c in costs:
+        if c.advice:
+            print(f"  note: {c.kernel}: {c.advice}")

@@ -20,10 +20,12 @@ from typing import Any
 
 from ..arch import Arch
 from ..declare import TunedKernel
-from ..project import ConfigError, Project
+from ..project import ConfigError, Project, select_kernels
 from ..records import MissRecord, RecordFormatError
 from ..specs import Workload, spec_from_json
 from .common import (
+    EXIT_USAGE,
+    add_kernel_arg,
     add_project_args,
     fail,
     guarded,
@@ -33,6 +35,7 @@ from .common import (
     print_json,
     project_from_args,
 )
+from .farm_choice import add_farm_arg, farm_mode, is_small
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -43,18 +46,23 @@ examples:
   ctbuild precompile --address 10.0.0.5:6379 --cache /cache   # existing Ray cluster
   ctbuild precompile --from-record /logs/ctbuild-misses.jsonl --report build/precompile.json
   ctbuild precompile --json --allow-failures | jq .failed
+  ctbuild precompile --kernel matmul --cache /cache   # the kernel being edited only
 
-By default an embedded local Ray with one worker per core is started (a few seconds) and
-stopped at the end; into an empty cache it starts while the toolchain is probed and the plan
-made, otherwise only when something is left to compile. While it starts, --early-workers
-local processes (default: one per worker, leaving 2 cores to Ray) compile; each Ray worker
-that is up replaces one. --address (or $RAY_ADDRESS) joins an existing cluster instead:
-ctbuild, the farm, the cache package and the project's kernel modules are shipped to the
-workers, which need cuda-tile[tileiras], ray, diskcache and xxhash installed, but no cache
-path and no shared filesystem: workers send each CUBIN back and this process alone stores it
-(and reads it back) in --cache. Longest configs go first (by the compile seconds the
-cache recorded for them in earlier builds). Two builds into one cache never compile the same
-key twice. A full disk stops the build (exit 1); every CUBIN stored until then is kept.
+A small build (estimated compile work under 8 s per worker) and a machine without Ray
+compile on local worker processes, never waiting for Ray (--farm auto; --farm ray or local
+to choose). Each kernel's body goes through cuTile's front end first: an error in it is
+reported once, with file:line, exit 2. Otherwise an embedded local Ray with one worker per
+core is started (a few seconds) and stopped at the end; into an empty cache it starts while
+the toolchain is probed and the plan made, otherwise only when something is left to compile.
+While it starts, --early-workers local processes (default: one per worker, leaving 2 cores
+to Ray) compile; each Ray worker that is up replaces one. --address (or $RAY_ADDRESS) joins
+an existing cluster instead: ctbuild, the farm, the cache package and the project's kernel
+modules are shipped to the workers, which need cuda-tile[tileiras], ray, diskcache and
+xxhash installed, but no cache path and no shared filesystem: workers send each CUBIN back
+and this process alone stores it (and reads it back) in --cache. Longest configs go first
+(by the compile seconds the cache recorded for them in earlier builds). Two builds into one
+cache never compile the same key twice. A full disk stops the build (exit 1); every CUBIN
+stored until then is kept.
 
 Workers drop CUDA_HOME/CUDA_PATH so the pip tileiras with its own ptxas/libnvvm is used; a
 worker whose toolchain fingerprint differs from this machine's aborts the build.
@@ -74,6 +82,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p = sub.add_parser(name, help=summary, description=summary, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_project_args(p)
+    add_kernel_arg(p, "build")
+    add_farm_arg(p)
     p.add_argument("--address", metavar="ADDR",
                    help="join this Ray cluster, e.g. 10.0.0.5:6379 (default: $RAY_ADDRESS; "
                         "unset: start an embedded local Ray)")
@@ -169,28 +179,80 @@ def run(args: argparse.Namespace) -> int:
     dropped = [k for k in STRIPPED_ENV if os.environ.pop(k, None) is not None]
 
     project = project_from_args(args)
-    kernels = project.kernels()
+    kernels = select_kernels(project.kernels(), args.kernels)
     try:
         extra, record_archs = read_records(args.from_record, kernels)
     except RecordFileError as exc:
         return fail(str(exc))
+    mode, note = farm_mode(args)
+    args.farm = mode
     stream = sys.stderr if args.json else sys.stdout
     if not args.json and dropped:
         print(f"note: ignoring {', '.join(dropped)} (the pip tileiras uses its own ptxas/libnvvm)",
               file=stream)
+    if note:
+        print(f"note: {note}", file=stream)
     farm = _make_farm(args, project)
     out = sys.stdout
     try:
         # Ray's driver threads print cluster events (e.g. "A worker died...") to sys.stdout;
         # keep stdout for our output (one JSON object with --json) and send those to stderr.
         with contextlib.redirect_stdout(sys.stderr):
-            if _cache_is_cold(project.cache_dir):  # surely something to build: start Ray now,
-                farm.start_in_background()           # while the toolchain is probed and planned
+            if _cache_is_cold(project.cache_dir):  # surely something to build: Ray (if used)
+                checked = _start_early(args, project, kernels, extra, record_archs, farm)
+                if checked is not None:              # starts while the toolchain is probed
+                    return checked
+                args.bodies_checked = True
             return _build(args, project, kernels, extra, record_archs, farm, stream, out,
                           report, started)
     finally:
         with contextlib.redirect_stdout(sys.stderr):
             farm.close()
+
+
+def _archs(project: Project, record_archs: list[Arch]) -> list[Arch]:
+    return list(project.archs) + [a for a in record_archs if a not in project.archs]
+
+
+def _start_early(args: argparse.Namespace, project: Project, kernels: list[TunedKernel],
+                 extra: dict[str, list[Workload]], record_archs: list[Arch], farm: Any
+                 ) -> int | None:
+    """Into an empty cache: plan (with a placeholder toolchain: the job count is the same),
+    check the kernel bodies, and start Ray in the background unless the build stays local.
+    Returns an exit status when a body is wrong (before any Ray started), else None."""
+    from ..build.job_estimates import JobEstimator
+    from ..build.plan import make_plan
+    from ..cutile import load_compiler_without_torch
+    load_compiler_without_torch()  # planning needs no torch either: about 1 s sooner
+    plan = make_plan(kernels, _archs(project, record_archs), "unprobed", project.cap,
+                     extra_workloads=extra, generic=project.generic, devices=project.devices)
+    if (code := _report_bodies(plan, project)) is not None:
+        return code
+    jobs = [job.to_json() for job in plan.jobs.values()]
+    if args.farm == "ray" or (args.farm == "auto" and not is_small(jobs, JobEstimator({}),
+                                                                    args.workers)):
+        farm.start_in_background()
+    return None
+
+
+def _report_bodies(plan: Any, project: Project) -> int | None:
+    """Each kernel whose body cuTile's front end rejects, once, with file:line: exit 2."""
+    from ..build.body_check import check_bodies
+    problems = check_bodies(plan, project.devices)
+    for line in problems:
+        fail(line)
+    return EXIT_USAGE if problems else None
+
+
+def _use_local(args: argparse.Namespace, farm: Any, store: Any, jobs: list[dict[str, Any]],
+               estimate: Any) -> None:
+    """Settle where the jobs compile when no Ray was started early: local processes for
+    ``--farm local`` or a small build (`farm_choice.is_small`) under ``auto``."""
+    if farm.ray_requested:
+        return
+    todo = [j for j in jobs if not store.has_compile(j["key"])]
+    farm.options.local_only = args.farm == "local" or (
+        args.farm == "auto" and is_small(todo, estimate, args.workers))
 
 
 def _cache_is_cold(cache_dir: Path) -> bool:
@@ -211,11 +273,15 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     from ..build.plan import make_plan
     from ..cutile import load_compiler_without_torch
     from ..toolchain import probe, record_in, shareable
-    archs = list(project.archs) + [a for a in record_archs if a not in project.archs]
+    archs = _archs(project, record_archs)
     load_compiler_without_torch()  # planning needs no torch either: about 1 s sooner
     toolchain = probe()
     plan = make_plan(kernels, archs, toolchain.fingerprint, project.cap, extra_workloads=extra,
                      generic=project.generic, devices=project.devices)
+    if not getattr(args, "bodies_checked", False) and \
+            (code := _report_bodies(plan, project)) is not None:
+        return code
+    jobs = {key: job.to_json() for key, job in plan.jobs.items()}
 
     import sqlite3
 
@@ -225,13 +291,13 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
             record_in(store, toolchain)
             estimate = estimator(store)
             farm.options.estimate, farm.options.learn = estimate, estimate.learn
+            _use_local(args, farm, store, list(jobs.values()), estimate)
     except (CacheError, OSError, ValueError, sqlite3.Error) as exc:
         return fail(f"cache {project.cache_dir}: {exc}")
     farm.options.expect = {"toolchain": toolchain.fingerprint}
     modules, paths = farm.options.setup_args[:2]  # workers here take this probe (`adopt`)
     farm.options.setup_args = (modules, paths, shareable(toolchain))
 
-    jobs = {key: job.to_json() for key, job in plan.jobs.items()}
     todo = list(jobs.values())
     from ..build.ir_check import check_cached, remember_build
     guard, ir_check = check_cached(project.cache_dir, project.modules, modules_paths(project),
@@ -262,6 +328,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
         "cached": result.count("cached"), "failed": result.count("failed"),
         "seconds": round(time.perf_counter() - started, 3), "workers": result.workers,
         "early_workers": result.early_workers,
+        "farm": "local" if result.local_only else "ray",
         "startup_seconds": round(result.startup_seconds, 3),
         "startup_steps": result.startup_steps,
         "run_seconds": round(result.run_seconds, 3),
@@ -333,6 +400,8 @@ def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
 
     def on_start(todo: int) -> None:
         where = f"Ray at {farm.address}" if farm.address else "embedded Ray"
+        if farm.options.local_only:
+            where = "local processes (no Ray)"
         progress.phase(f"{todo} to compile, {len(jobs) - todo} cached; starting workers on "
                        f"{where}")
 
