@@ -66,7 +66,8 @@ cached; a worker that crashes has its job retried elsewhere (twice at most).
 and plans those workloads too (on every target arch; a recorded arch is added to the targets).
 
 exit status: 0 all built (or --allow-failures), 1 some job failed or the build was aborted,
-2 bad input (config, declarations, flags, record file, unusable cache directory).
+2 bad input (config, declarations, flags, record file, unusable cache directory), 130/143
+interrupted by SIGINT/SIGTERM (Ray and the workers are stopped; finished CUBINs are kept).
 """
 
 
@@ -331,8 +332,8 @@ def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
     except FarmError as exc:
         progress.close()
         return None, str(exc)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # SIGINT or SIGTERM: the CLI says so, after the farm closed
         progress.close()
-        return None, "interrupted; finished CUBINs are kept, nothing failed was cached"
+        raise
     progress.close()
     return result, None
