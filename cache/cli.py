@@ -233,6 +233,11 @@ def _verify(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     lines += [f"  rebuilt the {name} index: kept {r['kept']} entries"
               + (f", {r['lost_rows']} unusable rows dropped" if r["lost_rows"] else "")
               + "; the damaged file is in quarantine/" for name, r in result.get("rebuilt", {}).items()]
+    left = [p for p in result["problems"] if p["kind"] in ("permission_denied", "unreadable_file")]
+    if left:
+        lines.append(f"{len(left)} path(s) could not be read and are left as they are: "
+                     + ("fix ownership or run as the cache's owner" if left[0]["kind"] == "permission_denied"
+                        else "check the disk"))
     if result["ok"]:
         lines.append("ok")
     elif args.repair:

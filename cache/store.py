@@ -26,7 +26,14 @@ import xxhash
 from . import bundle, eviction, integrity
 from .digest import digest_of, is_digest
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
-from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError, UnsafeValueError
+from .errors import (
+    PERMISSION_HINT,
+    CacheError,
+    DamagedCacheError,
+    PermissionDeniedError,
+    ReadOnlyCacheError,
+    UnsafeValueError,
+)
 from .jsontext import dumps, loads_object
 from .layout import QUARANTINE_DIR, Namespaces, check_layout, open_namespaces
 from .namespace import ByteStream, HashingReader, Namespace, RowInfo
@@ -184,13 +191,19 @@ class Store:
                 self._path, digest, len(data), "" if self._readonly else " and moved to quarantine/",
             )
         if not self._readonly:
-            self._quarantine(digest, data)
+            self._quarantine(digest)
 
-    def _quarantine(self, digest: str, data: bytes) -> None:
+    def _quarantine(self, digest: str) -> None:
+        """Move the bad value file into quarantine/ (its bytes as they are on disk), then drop
+        the row; where it cannot be moved it stays, a miss on every read."""
         qdir = self._path / QUARANTINE_DIR
-        qdir.mkdir(exist_ok=True)
-        (qdir / f"{digest}.{os.getpid()}.{time.time_ns()}.bad").write_bytes(data)
-        self._ns.blobs.delete(digest)
+        dest = qdir / f"{digest}.{os.getpid()}.{time.time_ns()}.bad"
+        try:
+            qdir.mkdir(exist_ok=True)
+            self._ns.blobs.move_out(digest, dest)
+        except (OSError, CacheError) as exc:
+            log.warning("cache %s: could not move bad blob %s to %s (%s); left in place", self._path, digest,
+                        qdir, exc)
 
     # -- compile entries ---------------------------------------------------------------------
 
@@ -372,6 +385,9 @@ class Store:
 
     def _require_writable(self, action: str) -> None:
         if self._readonly:
+            blocker = _unwritable(self._path)
+            if blocker is not None and os.access(self._path, os.W_OK):  # the owner's files, not the mount
+                raise PermissionDeniedError(f"cannot {action}: {blocker} is not writable: {PERMISSION_HINT}")
             raise ReadOnlyCacheError(
                 f"cannot {action}: the cache at {self._path} is open read-only "
                 "(its directory is not writable, or readonly=True was asked). "
@@ -458,6 +474,16 @@ def _as_bytes(data: object, what: str) -> bytes:
     raise ValueError(f"{what} must be bytes, got {type(data).__name__}")
 
 
+def _unwritable(path: Path) -> Path | None:
+    """The first of the cache directory, its namespaces and their indexes that this user may not
+    write (-wal/-shm files come and go with writers; a path that vanished since the glob is no
+    evidence); None when all are writable."""
+    for p in (path, *path.glob("*/"), *path.glob("*/cache.db")):
+        if p.exists() and not os.access(p, os.W_OK):
+            return p
+    return None
+
+
 def _resolve_readonly(path: Path, readonly: bool | None) -> bool:
     """Decide the store's mode; creates the directory when it may write."""
     if readonly:
@@ -466,9 +492,7 @@ def _resolve_readonly(path: Path, readonly: bool | None) -> bool:
         raise CacheError(f"cache path {path} exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        # -wal/-shm files come and go with writers; a path that vanished since the glob is no evidence.
-        writable = all(os.access(p, os.W_OK) or not p.exists()
-                       for p in (path, *path.glob("*/"), *path.glob("*/cache.db")))
+        writable = _unwritable(path) is None
         reason = "is not writable"
     except OSError as exc:
         writable, reason = False, f"cannot be created ({exc.strerror})"
