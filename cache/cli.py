@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .bundle import MAX_MEMBER_SIZE, read_key
+from .bundle import DEFAULT_LIMITS, read_key
+from .bundle_limits import ImportLimits
 from .errors import CacheError
 from .layout import LAYOUT_FILE
 from .store import Store
@@ -140,9 +141,19 @@ def add_cache_parser(subparsers: Any) -> None:
     imp.add_argument("file", metavar="FILE", type=Path, help="bundle made by `ctbuild cache export`")
     imp.add_argument("--require-signature", type=Path, metavar="KEYFILE",
                      help="refuse the bundle unless it was signed (`export --sign`) with the key in KEYFILE")
-    imp.add_argument("--max-member-size", type=parse_size, default=MAX_MEMBER_SIZE, metavar="SIZE",
-                     help=f"refuse bundles with a member larger than this (default {MAX_MEMBER_SIZE // 2**20}M; "
+    limits = DEFAULT_LIMITS
+    imp.add_argument("--max-member-size", type=parse_size, default=limits.member_size, metavar="SIZE",
+                     help=f"refuse bundles with a member larger than this (default {limits.member_size // 2**20}M; "
                           "real CUBINs are far smaller)")
+    imp.add_argument("--max-members", type=int, default=limits.members, metavar="N",
+                     help=f"refuse bundles of more members than this (default {limits.members})")
+    imp.add_argument("--max-size", type=parse_size, default=limits.size, metavar="SIZE",
+                     help=f"refuse bundles that would take more disk than this, a block per file and "
+                          f"index rows included (default {limits.size // 2**30}G; the free space is always checked)")
+    imp.add_argument("--max-json-size", type=parse_size, default=limits.json_size, metavar="SIZE",
+                     help=f"refuse bundles whose JSON documents together are larger, or hold more than one value "
+                          f"per 16 bytes of it (default {limits.json_size // 2**20}M, about 30,000 compile entries; "
+                          "an import takes up to about 8 times this in memory)")
 
 
 def cache_dir(args: argparse.Namespace) -> Path:
@@ -281,7 +292,9 @@ def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
 
 def _import(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     key = read_key(args.require_signature) if args.require_signature else None
-    r = store.import_bundle(args.file, require_key=key, max_member_size=args.max_member_size)
+    limits = ImportLimits(member_size=args.max_member_size, members=args.max_members, size=args.max_size,
+                          json_size=args.max_json_size)
+    r = store.import_bundle(args.file, require_key=key, limits=limits)
     text = (f"imported {args.file}{' (signature verified)' if r['signed'] else ''}: {r['blobs_added']} new CUBINs, "
             f"{r['entries_written']} entries written, {r['entries_unchanged']} already present")
     return r, text, 0

@@ -371,11 +371,11 @@ class Store:
         return bundle.export_bundle(self, file, archs=archs, sign_key=sign_key)
 
     def import_bundle(self, file: str | os.PathLike | IO[bytes], *, require_key: bytes | None = None,
-                      max_member_size: int = bundle.MAX_MEMBER_SIZE) -> dict[str, Any]:
-        """Verify a bundle completely (and its signature with ``require_key``), then merge it in
-        (idempotent); see :mod:`cache.bundle`."""
+                      limits: bundle.ImportLimits = bundle.DEFAULT_LIMITS) -> dict[str, Any]:
+        """Verify a bundle completely (and its signature with ``require_key``) within ``limits``,
+        then merge it in (idempotent); see :mod:`cache.bundle`."""
         self._require_writable("import a bundle")
-        return bundle.import_bundle(self, file, require_key=require_key, max_member_size=max_member_size)
+        return bundle.import_bundle(self, file, require_key=require_key, limits=limits)
 
     def read_entry(self, ns: Namespace, key: str) -> tuple[RowInfo, bytes | str] | None:
         """A row and its raw value from one of :attr:`namespaces` (None: absent, unsafe or unreadable)."""
