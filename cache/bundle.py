@@ -87,7 +87,8 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
                   sign_key: bytes | None = None) -> dict[str, Any]:
     """Write the store's entries (compile entries and tuning records of ``archs`` only, if given; all
     toolchain profiles) and the blobs they need, signed with ``sign_key`` if given. Entries whose
-    blob is missing or corrupt are left out and listed under ``skipped``."""
+    blob is missing or corrupt, and tuning records whose winner is not exported, are left out and
+    listed under ``skipped``."""
     wanted = None if archs is None else set(archs)
     compile_entries: dict[str, dict[str, Any]] = {}
     blob_ok: dict[str, bool] = {}
@@ -102,7 +103,14 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
             compile_entries[key] = entry
         else:
             skipped.append(key)
-    tuning = {k: r for k, r in store.tuning_records() if wanted is None or r["arch"] in wanted}
+    tuning = {}
+    for key, record in store.tuning_records():
+        if wanted is not None and record["arch"] not in wanted:
+            continue
+        if record["compile_key"] in compile_entries:
+            tuning[key] = record
+        else:  # its winner is not exported: an import would refuse the record
+            skipped.append(key)
     documents = {"toolchains.json": store.toolchains(), "compile.json": compile_entries, "tuning.json": tuning}
     digests = sorted({entry["digest"] for entry in compile_entries.values()})
     counts = {"compile_entries": len(compile_entries), "tuning_records": len(tuning),

@@ -286,7 +286,8 @@ def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
             f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])})"
             f"{', signed' if r['signed'] else ''}")
     if r["skipped"]:
-        text += f"\nskipped {len(r['skipped'])} entries whose CUBIN is missing or corrupt (see `ctbuild cache verify`)"
+        text += (f"\nskipped {len(r['skipped'])} entries whose CUBIN is missing or corrupt, and tuning records "
+                 "naming them (see `ctbuild cache verify`)")
     return r, text, 0
 
 

@@ -35,7 +35,14 @@ from .errors import (
     UnsafeValueError,
 )
 from .jsontext import dumps, loads_object
-from .layout import QUARANTINE_DIR, Namespaces, check_layout, open_namespaces
+from .layout import (
+    QUARANTINE_DIR,
+    Namespaces,
+    check_layout,
+    open_namespaces,
+    resolve_readonly,
+    unwritable,
+)
 from .namespace import ByteStream, HashingReader, Namespace, RowInfo
 
 log = logging.getLogger(__name__)
@@ -70,7 +77,7 @@ class Store:
             raise ValueError(f"size_limit must be >= 0 bytes, got {size_limit}")
         self._path = Path(os.fspath(path)).expanduser().absolute()
         self.size_limit = size_limit
-        self._readonly = _resolve_readonly(self._path, readonly)
+        self._readonly = resolve_readonly(self._path, readonly)
         check_layout(self._path, readonly=self._readonly)
         self._ns = open_namespaces(self._path, readonly=self._readonly)
         self._digest_failures = 0
@@ -385,7 +392,7 @@ class Store:
 
     def _require_writable(self, action: str) -> None:
         if self._readonly:
-            blocker = _unwritable(self._path)
+            blocker = unwritable(self._path)
             if blocker is not None and os.access(self._path, os.W_OK):  # the owner's files, not the mount
                 raise PermissionDeniedError(f"cannot {action}: {blocker} is not writable: {PERMISSION_HINT}")
             raise ReadOnlyCacheError(
@@ -472,35 +479,3 @@ def _as_bytes(data: object, what: str) -> bytes:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
     raise ValueError(f"{what} must be bytes, got {type(data).__name__}")
-
-
-def _unwritable(path: Path) -> Path | None:
-    """The first of the cache directory, its namespaces and their indexes that this user may not
-    write (-wal/-shm files come and go with writers; a path that vanished since the glob is no
-    evidence); None when all are writable."""
-    for p in (path, *path.glob("*/"), *path.glob("*/cache.db")):
-        if p.exists() and not os.access(p, os.W_OK):
-            return p
-    return None
-
-
-def _resolve_readonly(path: Path, readonly: bool | None) -> bool:
-    """Decide the store's mode; creates the directory when it may write."""
-    if readonly:
-        return True
-    if path.exists() and not path.is_dir():
-        raise CacheError(f"cache path {path} exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        writable = _unwritable(path) is None
-        reason = "is not writable"
-    except OSError as exc:
-        writable, reason = False, f"cannot be created ({exc.strerror})"
-    if writable:
-        return False
-    if readonly is False:
-        raise ReadOnlyCacheError(f"cache directory {path} {reason}, but readonly=False was asked")
-    log.warning(
-        "cache directory %s %s: opened read-only (lookups work; writes raise ReadOnlyCacheError)", path, reason
-    )
-    return True
