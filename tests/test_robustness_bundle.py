@@ -187,9 +187,9 @@ def small_tmpfs(tmp_path):
 
 
 def test_many_tiny_members_are_refused_by_what_they_take_on_disk(tmp_path, small_tmpfs):
-    """20,000 four-byte blobs are 80 KB of data but about 170 MiB of files, directories and rows:
-    refused from the headers on a 80 MiB filesystem with nothing written; a real bundle fits."""
-    bundle = tiny_bundle(tmp_path / "tiny.tar", 20_000)
+    """5,000 four-byte blobs are 20 KB of data but about 42 MiB of files, directories and rows:
+    refused from the headers on an 80 MiB filesystem with nothing written; a real bundle fits."""
+    bundle = tiny_bundle(tmp_path / "tiny.tar", 5_000)
     cache = small_tmpfs / "cache"
     Store(cache).close()
     before = tree(cache)
