@@ -56,6 +56,13 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * UNITS[match.group(2).upper()])
 
 
+def parse_count(text: str) -> int:
+    """A whole number >= 1 (``--max-members``)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a whole number >= 1")
+    return int(text)
+
+
 def parse_archs(text: str) -> list[str]:
     archs = [arch.strip() for arch in text.split(",")]
     if not all(archs):
@@ -132,8 +139,10 @@ def add_cache_parser(subparsers: Any) -> None:
     imp = sub.add_parser("import", parents=[common], help="merge a bundle into the cache", formatter_class=fmt,
                          description="Check a bundle, then merge it; importing twice changes nothing.",
                          epilog="What an import checks: safe member paths and types, the format version, JSON shapes, "
-                                "every CUBIN's digest,\nthat every CUBIN is used by an entry, member sizes and free "
-                                "space. A bundle failing a check is refused\nwith nothing written. Digests detect "
+                                "every CUBIN's digest,\nthat every CUBIN is used by an entry and every tuning record's "
+                                "winner exists, and the limits above\n(checked from the tar headers, against the free "
+                                "space and inodes too). A bundle failing a check is refused\nwith nothing written. "
+                                "Digests detect "
                                 "damage, not intent: an unsigned bundle is trusted to be what its maker\nsays (anyone "
                                 "able to write it can map a kernel's keys to any CUBIN). With "
                                 "--require-signature only\n"
@@ -145,7 +154,7 @@ def add_cache_parser(subparsers: Any) -> None:
     imp.add_argument("--max-member-size", type=parse_size, default=limits.member_size, metavar="SIZE",
                      help=f"refuse bundles with a member larger than this (default {limits.member_size // 2**20}M; "
                           "real CUBINs are far smaller)")
-    imp.add_argument("--max-members", type=int, default=limits.members, metavar="N",
+    imp.add_argument("--max-members", type=parse_count, default=limits.members, metavar="N",
                      help=f"refuse bundles of more members than this (default {limits.members})")
     imp.add_argument("--max-size", type=parse_size, default=limits.size, metavar="SIZE",
                      help=f"refuse bundles that would take more disk than this, a block per file and "
