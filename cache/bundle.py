@@ -17,14 +17,17 @@ members carry fixed metadata (mtime 0, uid 0), so an uncompressed bundle of the 
 same bytes.
 
 What an import guarantees. Import checks the *whole* bundle first — member paths and types, the
-manifest version, JSON shapes, every blob's digest, that every blob is referenced by an entry and
-every entry's blob is in the bundle or the store, that no member is larger than ``max_member_size``
-(default :data:`MAX_MEMBER_SIZE`, far above any real CUBIN) and that the disk has room — and raises
-CacheError with nothing written if anything is wrong. Members are streamed in chunks, so memory
-stays bounded by the largest JSON document, whatever the bundle's size. Only then does it store
-blobs, then entries (a compile entry after its blob, a tuning record after its winner); a failure
-while storing (a full disk) removes what this import added. Identical entries are left as they are,
-so importing twice changes nothing; a differing entry is replaced by the bundle's.
+manifest version, JSON shapes, every blob's digest, that every blob is referenced by an entry,
+every entry's blob and every tuning record's winner is in the bundle or the store, and the
+`ImportLimits` of :mod:`cache.bundle_limits` (member size and count, what the members take on
+disk with a block per file against the free space, JSON size, nesting and values) — and raises
+CacheError with nothing written if anything is wrong. Sizes and disk space are checked from each
+tar header before its data is read; blobs are streamed in chunks; the JSON documents are kept as
+bytes and parsed only after the signature (when one is required) verified, so memory stays
+bounded by the JSON limit (about 8x it at most), whatever the bundle holds. Only then does it
+store blobs, then entries (a compile entry after its blob, a tuning record after its winner); a
+failure while storing (a full disk) removes what this import added. Identical entries are left as
+they are, so importing twice changes nothing; a differing entry is replaced by the bundle's.
 
 What it does not guarantee without a signature: digests (xxh3-128) detect damage, not intent. Anyone
 who can write a bundle can map any compile key to any CUBIN, and an unsigned import will serve it.
@@ -38,11 +41,9 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import lzma
 import os
 import re
-import shutil
 import tarfile
 import tempfile
 import zlib
@@ -50,7 +51,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
-from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
+from .bundle_limits import DiskBudget, ImportLimits, JsonBudget, check_members
+from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, fields_problem
 from .errors import CacheError
 from .jsontext import dumps
 from .namespace import HashingReader
@@ -67,11 +69,7 @@ SIGNATURE = "signature.json"
 DOCUMENTS = ("toolchains.json", "compile.json", "tuning.json")
 BLOB_MEMBER = re.compile(r"blobs/([0-9a-f]{32})")
 COMPRESSION = {".gz": "gz", ".tgz": "gz", ".xz": "xz"}
-#: Largest bundle member import accepts by default (bytes). Real CUBINs are kilobytes to tens of
-#: megabytes; anything above this is a bomb or a mistake. ``ctbuild cache import --max-member-size``.
-MAX_MEMBER_SIZE = 256 * 2**20
-#: Free space an import leaves on the cache's filesystem beyond what it stores (bytes).
-SPACE_MARGIN = 64 * 2**20
+DEFAULT_LIMITS = ImportLimits()
 CHUNK = 1 << 20
 
 
@@ -85,8 +83,9 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
                   expires: float | None = None) -> dict[str, Any]:
     """Write the store's entries (compile entries and tuning records of ``archs`` only, if given; all
     toolchain profiles) and the blobs they need, signed with ``sign_key`` if given (``sequence`` and
-    ``expires`` go into the signed statement). Entries whose blob is missing or corrupt are left out
-    and listed under ``skipped``."""
+    ``expires`` go into the signed statement). Entries whose
+    blob is missing or corrupt, and tuning records whose winner is not exported, are left out and
+    listed under ``skipped``."""
     wanted = None if archs is None else set(archs)
     compile_entries: dict[str, dict[str, Any]] = {}
     blob_ok: dict[str, bool] = {}
@@ -101,7 +100,14 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
             compile_entries[key] = entry
         else:
             skipped.append(key)
-    tuning = {k: r for k, r in store.tuning_records() if wanted is None or r["arch"] in wanted}
+    tuning = {}
+    for key, record in store.tuning_records():
+        if wanted is not None and record["arch"] not in wanted:
+            continue
+        if record["compile_key"] in compile_entries:
+            tuning[key] = record
+        else:  # its winner is not exported: an import would refuse the record
+            skipped.append(key)
     documents = {"toolchains.json": store.toolchains(), "compile.json": compile_entries, "tuning.json": tuning}
     digests = sorted({entry["digest"] for entry in compile_entries.values()})
     counts = {"compile_entries": len(compile_entries), "tuning_records": len(tuning),
@@ -138,19 +144,18 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
 
 
 def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_key: Key | None = None,
-                  max_member_size: int = MAX_MEMBER_SIZE, min_sequence: int | None = None) -> dict[str, Any]:
-    """Validate the whole bundle (and its signature, with ``require_key``), then merge it into
-    ``store``. Returns counts of what changed; on any failure nothing stays written."""
+                  limits: ImportLimits = DEFAULT_LIMITS, min_sequence: int | None = None) -> dict[str, Any]:
+    """Validate the whole bundle (and its signature, with ``require_key``; ``min_sequence`` refuses
+    an older signed release) within ``limits``, then merge it into ``store``. Returns counts of what
+    changed; on any failure nothing stays written."""
     with _input(file) as stream:
-        checked = _validate(store, stream, require_key=require_key, max_member_size=max_member_size,
-                            min_sequence=min_sequence)
-        _check_space(store, checked.new_bytes)
+        checked = _validate(store, stream, require_key=require_key, limits=limits, min_sequence=min_sequence)
         stream.seek(0)
         added_blobs: list[str] = []
         added_entries: list[tuple[Namespace, str]] = []
         try:
             with _open_tar(stream) as tar:
-                for member in tar:
+                for member in _members(tar):
                     match = BLOB_MEMBER.fullmatch(member.name)
                     if match is None:
                         continue
@@ -202,17 +207,6 @@ def _undo(store: Store, blobs: list[str], entries: list[tuple[Namespace, str]]) 
             pass
 
 
-def _check_space(store: Store, needed: int) -> None:
-    try:
-        free = shutil.disk_usage(store.path).free
-    except OSError:
-        return  # cannot tell: the write itself will fail cleanly if the disk is full
-    if needed + SPACE_MARGIN > free:
-        raise CacheError(f"not enough free space in {store.path}: the bundle adds {needed / 2**20:.1f} MiB and "
-                         f"{free / 2**20:.1f} MiB are free (keeping {SPACE_MARGIN // 2**20} MiB spare); "
-                         "free space or import into a bigger volume; nothing was imported")
-
-
 def _merge(store: Store, namespace: Namespace, key: str, entry: dict[str, Any], *, tag: str | None) -> bool:
     text = dumps(entry, what=key)
     found = store.read_entry(namespace, key)
@@ -223,71 +217,72 @@ def _merge(store: Store, namespace: Namespace, key: str, entry: dict[str, Any], 
 
 
 class _Checked:
-    """What pass 1 learnt: the JSON documents, the bundle's digests, member SHA-256s (signed
-    bundles) and how many bytes of blobs the store does not have yet."""
+    """What pass 1 learnt: the JSON documents, the bundle's digests and member SHA-256s (signed
+    bundles)."""
 
     def __init__(self) -> None:
         self.documents: dict[str, dict[str, Any]] = {}
         self.blobs: set[str] = set()
         self.sha256: dict[str, str] = {}
-        self.new_bytes = 0
 
 
-def _validate(store: Store, stream: IO[bytes], *, require_key: Key | None, max_member_size: int,
+def _validate(store: Store, stream: IO[bytes], *, require_key: Key | None, limits: ImportLimits,
               min_sequence: int | None = None) -> _Checked:
-    """Pass 1: check everything, write nothing."""
+    """Pass 1: check everything, write nothing. Members are walked once: sizes, counts and disk
+    space are checked from each header before its data is read, blobs are hashed in chunks, the
+    JSON members are kept as bytes and parsed only after the signature (if required) verified."""
     checked = _Checked()
-    documents = checked.documents
+    texts: dict[str, bytes] = {}
     hashes: dict[str, str] = {}
-    signature: dict[str, Any] | None = None
+    disk = DiskBudget(store.path, limits)
+    json_size = 0
     seen: set[str] = set()
     with _open_tar(stream) as tar:
-        for index, member in enumerate(tar):
-            _check_member(member)
-            if member.name in seen:
-                raise CacheError(f"bundle member {member.name!r} appears twice; the bundle is malformed")
+        for index, member in enumerate(_members(tar)):
+            _check_member(member, index, seen=seen, limits=limits)
             seen.add(member.name)
-            if signature is not None:
-                raise CacheError(f"bundle member {member.name!r} follows {SIGNATURE}, which must be last; "
-                                 "nothing was imported")
-            if member.size > max_member_size:
-                raise CacheError(f"bundle member {member.name} is {member.size / 2**20:.1f} MiB, above the "
-                                 f"{max_member_size / 2**20:.0f} MiB limit (--max-member-size); refusing the bundle; "
-                                 "nothing was imported")
-            if index == 0 and member.name != MANIFEST:
-                raise CacheError(f"bundle does not start with {MANIFEST} (found {member.name!r}): "
-                                 "not a ctbuild cache bundle")
-            if member.name == SIGNATURE:
-                signature = _read_json(tar, member)
-                continue
-            if member.name == MANIFEST or member.name in DOCUMENTS:
-                data = _read(tar, member)
-                hashes[member.name] = hashlib.sha256(data).hexdigest()
-                value = _parse_json(member.name, data)
-                if member.name == MANIFEST:
-                    _check_manifest(value)
-                else:
-                    documents[member.name] = value
+            if member.name in (MANIFEST, SIGNATURE) or member.name in DOCUMENTS:
+                json_size += member.size
+                if json_size > limits.json_size:
+                    raise CacheError(f"bundle JSON documents exceed {limits.json_size / 2**20:.0f} MiB "
+                                     "(--max-json-size): refusing the bundle; nothing was imported")
+                texts[member.name] = data = _read(tar, member)
+                if member.name != SIGNATURE:
+                    hashes[member.name] = hashlib.sha256(data).hexdigest()
                 continue
             digest = BLOB_MEMBER.fullmatch(member.name).group(1)  # type: ignore[union-attr]  # _check_member matched it
+            if not store.has_blob(digest):
+                disk.add_file(member.size)
             xxh, sha = _hash_member(tar, member)
             if xxh != digest:
                 raise CacheError(f"bundle member {member.name} does not match its digest: the bundle is corrupt")
             hashes[member.name] = sha
             checked.blobs.add(digest)
-            if not store.has_blob(digest):
-                checked.new_bytes += member.size
-    if MANIFEST not in seen:
+    if MANIFEST not in texts:
         raise CacheError("bundle is empty: not a ctbuild cache bundle")
-    if require_key is not None:  # authenticity first: a forged bundle's other faults are beside the point
-        _check_signature(signature, hashes, require_key, min_sequence)
+    budget = JsonBudget(limits)
+    if require_key is not None:  # authenticity first: nothing the signer did not sign is parsed
+        signed = texts.pop(SIGNATURE, None)
+        _check_signature(None if signed is None else _as_object(SIGNATURE, budget.parse(SIGNATURE, signed)),
+                         hashes, require_key, min_sequence)
         checked.sha256 = hashes
+    _check_manifest(_as_object(MANIFEST, budget.parse(MANIFEST, texts.pop(MANIFEST))))
     for name in DOCUMENTS:
-        documents.setdefault(name, {})
+        text = texts.pop(name, b"{}")
+        checked.documents[name] = _as_document(name, budget.parse(name, text))
+        disk.add_rows(len(text), len(checked.documents[name]))
+    _check_entries(store, checked)
+    return checked
+
+
+def _check_entries(store: Store, checked: _Checked) -> None:
+    """Every entry usable, every blob used, every entry's blob and every tuning record's
+    winner in the bundle or the cache."""
+    documents = checked.documents
     required = {"toolchains.json": (), "compile.json": COMPILE_REQUIRED, "tuning.json": TUNING_REQUIRED}
     for name, document in documents.items():
         for key, entry in document.items():
-            why = entry_problem(json.dumps(entry), required[name]) if key else "empty key"
+            why = fields_problem(entry, required[name]) if key else "empty key"
             if why is not None:
                 raise CacheError(f"bundle {name}: entry {key!r} is unusable ({why}); nothing was imported")
     referenced = {entry["digest"] for entry in documents["compile.json"].values()}
@@ -299,7 +294,12 @@ def _validate(store: Store, stream: IO[bytes], *, require_key: Key | None, max_m
         if digest not in checked.blobs and store.get_blob(digest) is None:
             raise CacheError(f"bundle compile.json: entry {key!r} needs blob {digest}, which is neither in the bundle "
                              "nor in the cache; nothing was imported")
-    return checked
+    for key, record in documents["tuning.json"].items():
+        winner = record["compile_key"]
+        if winner not in documents["compile.json"] and not store.has_compile(winner):
+            raise CacheError(f"bundle tuning.json: record {key!r} names compile key {winner!r}, which is neither in "
+                             "the bundle nor in the cache: re-export the bundle with its compile entries; "
+                             "nothing was imported")
 
 
 def _check_signature(signature: dict[str, Any] | None, hashes: dict[str, str], key: Key,
@@ -334,7 +334,9 @@ def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, st
     return xxh.hexdigest(), sha.hexdigest()
 
 
-def _check_member(member: tarfile.TarInfo) -> None:
+def _check_member(member: tarfile.TarInfo, index: int, *, seen: set[str], limits: ImportLimits) -> None:
+    """A member's header: a safe path of the format, a regular file, first the manifest, last
+    the signature, each once, within the member limits."""
     name = member.name
     parts = name.split("/")
     if name.startswith("/") or "\\" in name or any(part in ("", ".", "..") for part in parts):
@@ -345,8 +347,20 @@ def _check_member(member: tarfile.TarInfo) -> None:
                 else "directory" if member.isdir() else "device or special file")
         raise CacheError(f"bundle member {name!r} is a {kind}; bundles hold regular files only: "
                          "refusing it; nothing was imported")
-    if name not in (MANIFEST, SIGNATURE) and name not in DOCUMENTS and not BLOB_MEMBER.fullmatch(name):
+    match = BLOB_MEMBER.fullmatch(name)
+    if name not in (MANIFEST, SIGNATURE) and name not in DOCUMENTS and not match:
         raise CacheError(f"bundle member {name!r} is not part of the bundle format v{VERSION}; nothing was imported")
+    if name in seen:
+        raise CacheError(f"bundle member {name!r} appears twice; the bundle is malformed")
+    if SIGNATURE in seen:
+        raise CacheError(f"bundle member {name!r} follows {SIGNATURE}, which must be last; nothing was imported")
+    if member.size > limits.member_size:
+        raise CacheError(f"bundle member {name} is {member.size / 2**20:.1f} MiB, above the "
+                         f"{limits.member_size / 2**20:.0f} MiB limit (--max-member-size); refusing the bundle; "
+                         "nothing was imported")
+    if index == 0 and name != MANIFEST:
+        raise CacheError(f"bundle does not start with {MANIFEST} (found {name!r}): not a ctbuild cache bundle")
+    check_members(index + 1, limits)
 
 
 def _check_manifest(manifest: dict[str, Any]) -> None:
@@ -368,26 +382,31 @@ def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     return _extract(tar, member).read()
 
 
-def _read_json(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any]:
-    return _parse_json(member.name, _read(tar, member))
-
-
-def _parse_json(name: str, data: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise CacheError(f"bundle member {name} is not valid JSON ({exc}); nothing was imported") from None
+def _as_object(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CacheError(f"bundle member {name} must be a JSON object; nothing was imported")
-    if name in DOCUMENTS and not all(isinstance(entry, dict) for entry in value.values()):
-        raise CacheError(f"bundle member {name} must map keys to JSON objects; nothing was imported")
     return value
+
+
+def _as_document(name: str, value: Any) -> dict[str, dict[str, Any]]:
+    document = _as_object(name, value)
+    if not all(isinstance(entry, dict) for entry in document.values()):
+        raise CacheError(f"bundle member {name} must map keys to JSON objects; nothing was imported")
+    return document
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o644, 0
     tar.addfile(info, io.BytesIO(data))
+
+
+def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The members in order, without TarFile keeping every header it read (a bundle of a
+    million members would keep them all)."""
+    while (member := tar.next()) is not None:
+        tar.members.clear()  # type: ignore[attr-defined]  # TarFile.members: typeshed leaves it out
+        yield member
 
 
 @contextmanager

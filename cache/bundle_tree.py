@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .bundle import BLOB_MEMBER, DOCUMENTS, MANIFEST, SIGNATURE, SPACE_MARGIN
+from .bundle import BLOB_MEMBER, DOCUMENTS, MANIFEST, SIGNATURE
+from .bundle_limits import SPACE_MARGIN
 from .errors import CacheError
 
 #: Most blob files a tree may hold (a real cache holds thousands).

@@ -17,11 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .bundle import MAX_MEMBER_SIZE, read_key
+from .bundle import DEFAULT_LIMITS, read_key
+from .bundle_limits import ImportLimits
 from .errors import CacheError
-from .layout import LAYOUT_FILE
+from .layout import LAYOUT_FILE, is_writable
 from .oci import commands as oci
-from .store import Store, is_writable
+from .store import Store
 
 DEFAULT_CACHE_DIR = "./.ctbuild-cache"
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -60,6 +61,13 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 2G, 512M)")
     return int(float(match.group(1)) * UNITS[match.group(2).upper()])
+
+
+def parse_count(text: str) -> int:
+    """A whole number >= 1 (``--max-members``)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a whole number >= 1")
+    return int(text)
 
 
 def parse_archs(text: str) -> list[str]:
@@ -142,8 +150,10 @@ def add_cache_parser(subparsers: Any) -> None:
     imp = sub.add_parser("import", parents=[common], help="merge a bundle into the cache", formatter_class=fmt,
                          description="Check a bundle, then merge it; importing twice changes nothing.",
                          epilog="What an import checks: safe member paths and types, the format version, JSON shapes, "
-                                "every CUBIN's digest,\nthat every CUBIN is used by an entry, member sizes and free "
-                                "space. A bundle failing a check is refused\nwith nothing written. Digests detect "
+                                "every CUBIN's digest,\nthat every CUBIN is used by an entry and every tuning record's "
+                                "winner exists, and the limits above\n(checked from the tar headers, against the free "
+                                "space and inodes too). A bundle failing a check is refused\nwith nothing written. "
+                                "Digests detect "
                                 "damage, not intent: an unsigned bundle is trusted to be what its maker\nsays (anyone "
                                 "able to write it can map a kernel's keys to any CUBIN). With "
                                 "--require-signature only\n"
@@ -156,10 +166,20 @@ def add_cache_parser(subparsers: Any) -> None:
                           "public key, or the same HMAC secret")
     imp.add_argument("--min-sequence", type=int, metavar="N",
                      help="with --require-signature: refuse a bundle signed with a sequence below N (an older release)")
-    imp.add_argument("--max-member-size", type=parse_size, default=MAX_MEMBER_SIZE, metavar="SIZE",
-                     help=f"refuse bundles with a member larger than this (default {MAX_MEMBER_SIZE // 2**20}M; "
+    limits = DEFAULT_LIMITS
+    imp.add_argument("--max-member-size", type=parse_size, default=limits.member_size, metavar="SIZE",
+                     help=f"refuse bundles with a member larger than this (default {limits.member_size // 2**20}M; "
                           "real CUBINs are far smaller)")
-    oci.add_parsers(sub, common, parse_archs, parse_size, MAX_MEMBER_SIZE)
+    imp.add_argument("--max-members", type=parse_count, default=limits.members, metavar="N",
+                     help=f"refuse bundles of more members than this (default {limits.members})")
+    imp.add_argument("--max-size", type=parse_size, default=limits.size, metavar="SIZE",
+                     help=f"refuse bundles that would take more disk than this, a block per file and "
+                          f"index rows included (default {limits.size // 2**30}G; the free space is always checked)")
+    imp.add_argument("--max-json-size", type=parse_size, default=limits.json_size, metavar="SIZE",
+                     help=f"refuse bundles whose JSON documents together are larger, or hold more than one value "
+                          f"per 16 bytes of it (default {limits.json_size // 2**20}M, about 30,000 compile entries; "
+                          "an import takes up to about 8 times this in memory)")
+    oci.add_parsers(sub, common, parse_archs, parse_size, limits.member_size)
 
 
 def cache_dir(args: argparse.Namespace) -> tuple[Path, str]:
@@ -264,6 +284,11 @@ def _verify(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     lines += [f"  rebuilt the {name} index: kept {r['kept']} entries"
               + (f", {r['lost_rows']} unusable rows dropped" if r["lost_rows"] else "")
               + "; the damaged file is in quarantine/" for name, r in result.get("rebuilt", {}).items()]
+    left = [p for p in result["problems"] if p["kind"] in ("permission_denied", "unreadable_file")]
+    if left:
+        lines.append(f"{len(left)} path(s) could not be read and are left as they are: "
+                     + ("fix ownership or run as the cache's owner" if left[0]["kind"] == "permission_denied"
+                        else "check the disk"))
     if result["ok"]:
         lines.append("ok")
     elif args.repair:
@@ -302,7 +327,8 @@ def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
             f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])})"
             f"{', signed' if r['signed'] else ''}")
     if r["skipped"]:
-        text += f"\nskipped {len(r['skipped'])} entries whose CUBIN is missing or corrupt (see `ctbuild cache verify`)"
+        text += (f"\nskipped {len(r['skipped'])} entries whose CUBIN is missing or corrupt, and tuning records "
+                 "naming them (see `ctbuild cache verify`)")
     return r, text, 0
 
 
@@ -310,7 +336,9 @@ def _import(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     key = read_key(args.require_signature) if args.require_signature else None
     if args.min_sequence is not None and key is None:
         raise CacheError("--min-sequence needs --require-signature KEYFILE")
-    options = {"require_key": key, "max_member_size": args.max_member_size, "min_sequence": args.min_sequence}
+    limits = ImportLimits(member_size=args.max_member_size, members=args.max_members, size=args.max_size,
+                          json_size=args.max_json_size)
+    options = {"require_key": key, "limits": limits, "min_sequence": args.min_sequence}
     if args.file.is_dir():  # an unpacked bundle: an image volume, GKM's extraction of a pushed image
         from .bundle_tree import import_tree
         r = import_tree(store, args.file, **options)

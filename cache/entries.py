@@ -1,6 +1,6 @@
 """What a stored JSON entry must look like to be used (shared by reads, verify and bundle import)."""
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from .digest import is_digest
 from .jsontext import loads_object
@@ -17,6 +17,11 @@ def entry_problem(value: bytes | str, required: Sequence[str]) -> str | None:
         entry = loads_object(value)
     except ValueError as exc:
         return f"value is not a JSON object ({exc})"
+    return fields_problem(entry, required)
+
+
+def fields_problem(entry: dict[str, Any], required: Sequence[str]) -> str | None:
+    """Why a parsed entry is unusable (None if it is fine): required fields missing or not str."""
     missing = [f for f in required if not isinstance(entry.get(f), str) or not entry[f]]
     if missing:
         return f"fields {missing} missing or not str"

@@ -27,3 +27,15 @@ class DamagedCacheError(CacheError):
     The store catches it on every read and treats the lookup as a miss (see ``Store.damage``);
     ``ctbuild cache verify --repair`` rebuilds the index from what is still readable.
     """
+
+
+class PermissionDeniedError(CacheError):
+    """A cache file or directory cannot be read or written by this user (EACCES, EPERM).
+
+    Not damage: the bytes may be intact. Reads treat it as a miss; ``verify`` reports it and
+    ``--repair`` never removes what it could not read.
+    """
+
+
+#: What to do about a `PermissionDeniedError`, in every message that reports one.
+PERMISSION_HINT = "permission denied: fix ownership or run as the cache's owner"

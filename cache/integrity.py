@@ -6,11 +6,15 @@ Problems are dicts ``{"kind", "namespace", "key", "detail"}``. Kinds:
 ``bad_key`` (pickled or non-text key), ``unsafe_value`` (pickled value), ``bad_entry`` (not the
 expected JSON), ``corrupt_blob`` (bytes do not hash to their digest), ``missing_file`` (row without its
 value file), ``missing_blob`` (compile entry whose blob is gone or corrupt), ``bad_tag`` (entry's index
-tag is not its digest), ``missing_winner`` (tuning record whose winning compile entry is gone).
+tag is not its digest), ``missing_winner`` (tuning record whose winning compile entry is gone),
+``permission_denied`` (a file or index this user may not read) and ``unreadable_file`` (a value
+file the OS cannot read, e.g. an I/O error).
 
-``repair`` removes what is broken — quarantining corrupt blobs, deleting bad rows (by rowid when the
-key itself is unusable) — so the next precompile rebuilds it. A damaged index is rebuilt first: the
-rows still readable are copied into a fresh index, every blob file that hashes cleanly is re-added
+``repair`` removes what is broken — moving corrupt blob files into ``quarantine/``, deleting bad rows
+(by rowid when the key itself is unusable) — so the next precompile rebuilds it. It never removes
+what it could not read: an entry whose file, blob or index is unreadable is reported and left.
+A damaged index is rebuilt first: the rows still readable are copied into a fresh index, every
+blob file that hashes cleanly is re-added
 under its digest, and the damaged ``cache.db`` is kept under ``quarantine/`` for inspection.
 Run a repair while no build or service writes the cache.
 Unreferenced ("orphan") blobs are not problems: ``gc`` reclaims them.
@@ -19,15 +23,23 @@ Unreferenced ("orphan") blobs are not problems: ``gc`` reclaims them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diskcache.core import DBNAME, MODE_RAW
 
 from .digest import digest_of, is_digest
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
-from .errors import CacheError, DamagedCacheError, UnsafeValueError
+from .errors import (
+    PERMISSION_HINT,
+    CacheError,
+    DamagedCacheError,
+    PermissionDeniedError,
+    UnsafeValueError,
+)
 from .layout import QUARANTINE_DIR
 from .namespace import Namespace, RowInfo
 
@@ -48,22 +60,43 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
         if repair:
             repaired += namespace.delete(key) if rowid is None else namespace.delete_row(rowid)
 
+    def unreadable_value(namespace: Namespace, key: str, exc: CacheError) -> None:
+        """Reported, never repaired: the bytes may be intact."""
+        kind = "permission_denied" if isinstance(exc, PermissionDeniedError) else "unreadable_file"
+        problems.append({"kind": kind, "namespace": namespace.directory.name, "key": key, "detail": str(exc)})
+
     unreadable: set[str] = set()
-    for name, detail in store.integrity().items():
-        namespace = getattr(ns, name)
+    for namespace in ns.all():
+        name = namespace.directory.name
+        try:
+            detail = namespace.quick_check()
+        except PermissionDeniedError as exc:
+            unreadable.add(name)
+            unreadable_value(namespace, str(namespace.directory / DBNAME), exc)
+            continue
+        if detail is None:
+            continue
         problems.append({"kind": "damaged_index", "namespace": name, "key": str(namespace.directory / DBNAME),
                          "detail": detail})
-        if repair:
+        if not repair:
+            unreadable.add(name)
+            continue
+        try:
             rebuilt[name] = rebuild_index(store, namespace)
             repaired += 1
-        else:
+        except PermissionDeniedError as exc:  # a value file it would have to read: nothing moved
             unreadable.add(name)
+            unreadable_value(namespace, str(namespace.directory), exc)
 
     def rows(namespace: Namespace) -> list[RowInfo]:
         if namespace.directory.name in unreadable:
             return []
         try:
             return namespace.rows()
+        except PermissionDeniedError as exc:
+            unreadable.add(namespace.directory.name)
+            unreadable_value(namespace, str(namespace.directory / DBNAME), exc)
+            return []
         except DamagedCacheError as exc:  # damage the quick check did not see
             unreadable.add(namespace.directory.name)
             problems.append({"kind": "damaged_index", "namespace": namespace.directory.name,
@@ -84,6 +117,9 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
             except UnsafeValueError as exc:
                 report("unsafe_value", namespace, info.key, str(exc))
                 continue
+            except (PermissionDeniedError, DamagedCacheError) as exc:
+                unreadable_value(namespace, info.key, exc)
+                continue
             if value is None:
                 continue  # removed while we walked
             why = entry_problem(value, required)
@@ -96,6 +132,7 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
 
     good_blobs: set[str] = set()
     corrupt_blobs: set[str] = set()
+    unreadable_blobs: set[str] = set()
     blob_rows = rows(ns.blobs)
     checked["blobs"] = len(blob_rows)
     for info in blob_rows:
@@ -106,6 +143,10 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
             data = ns.blobs.value_of(info)
         except UnsafeValueError as exc:
             report("unsafe_value", ns.blobs, info.key, str(exc))
+            continue
+        except (PermissionDeniedError, DamagedCacheError) as exc:
+            unreadable_blobs.add(info.key)
+            unreadable_value(ns.blobs, info.key, exc)
             continue
         if data is None:
             if ns.blobs.contains(info.key):
@@ -124,6 +165,8 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
     entries = load(ns.compile, COMPILE_REQUIRED)
     for key, (entry, text, tag) in entries.items():
         digest = entry["digest"]
+        if digest in unreadable_blobs or "blobs" in unreadable:
+            continue  # its blob is reported; the entry may well be fine
         if digest in corrupt_blobs or (digest not in good_blobs and store.get_blob(digest) is None):
             state = "corrupt" if digest in corrupt_blobs else "missing"
             report("missing_blob", ns.compile, key, f"blob {digest} is {state}")
@@ -137,6 +180,8 @@ def verify(store: Store, *, repair: bool) -> dict[str, Any]:
     tuning = load(ns.tuning, TUNING_REQUIRED)
     for key, (record, _, _) in tuning.items():
         winner = record["compile_key"]
+        if "compile" in unreadable:
+            break  # whether its winner exists cannot be told
         if winner not in entries and not store.has_compile(winner):
             report("missing_winner", ns.tuning, key, f"winning compile entry {winner!r} is missing")
 
@@ -157,6 +202,7 @@ def rebuild_index(store: Store, namespace: Namespace) -> dict[str, int]:
     ``quarantine/``; the rest of it is removed. Returns counts of what was kept and lost.
     """
     directory = namespace.directory
+    _check_readable(directory)
     rows = namespace.readable_rows()
     namespace.close()
     aside = directory.with_name(f".{directory.name}.damaged.{time.time_ns()}")
@@ -184,3 +230,18 @@ def rebuild_index(store: Store, namespace: Namespace) -> dict[str, int]:
         shutil.move(str(aside / DBNAME), quarantine / f"{directory.name}.{time.time_ns()}.{DBNAME}")
     shutil.rmtree(aside, ignore_errors=True)
     return {"kept": kept, "lost_rows": lost}
+
+
+def _check_readable(directory: Path) -> None:
+    """Raise PermissionDeniedError unless every directory below ``directory`` can be listed and
+    every file in it opened: a rebuild moves the old directory aside and removes what is left."""
+    def denied(exc: OSError) -> None:
+        raise PermissionDeniedError(f"{exc.filename}: {PERMISSION_HINT}") from None
+
+    for root, _, files in os.walk(directory, onerror=denied):
+        for name in files:
+            try:
+                with open(os.path.join(root, name), "rb"):
+                    pass
+            except PermissionError as exc:
+                denied(exc)

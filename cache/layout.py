@@ -1,19 +1,22 @@
-"""The on-disk layout of a cache directory (see the package docstring) and its version marker."""
+"""The on-disk layout of a cache directory (see the package docstring), its version marker, and
+whether this user may write it (`resolve_readonly`)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CacheError
+from .errors import CacheError, ReadOnlyCacheError
 from .namespace import Namespace
 
 LAYOUT_FILE = "ctbuild-cache.json"
 LAYOUT = {"format": "ctbuild-cache", "version": 1}
 QUARANTINE_DIR = "quarantine"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,41 @@ def check_layout(root: Path, *, readonly: bool) -> None:
             f"{root} holds cache layout {found!r}; this ctbuild reads {LAYOUT!r}. "
             "Use the ctbuild version that wrote it, or point --cache / CTBUILD_CACHE_DIR at a fresh directory."
         )
+
+
+def unwritable(path: Path) -> Path | None:
+    """The first of the cache directory, its namespaces and their indexes that this user may not
+    write (-wal/-shm files come and go with writers; a path that vanished since the glob is no
+    evidence); None when all are writable."""
+    for p in (path, *path.glob("*/"), *path.glob("*/cache.db")):
+        if p.exists() and not os.access(p, os.W_OK):
+            return p
+    return None
+
+
+def is_writable(path: Path) -> bool:
+    """Whether this process could write the cache at ``path`` (the directory, its namespaces and
+    their indexes); asks the OS, writes nothing."""
+    return unwritable(path) is None
+
+
+def resolve_readonly(path: Path, readonly: bool | None) -> bool:
+    """Decide the store's mode; creates the directory when it may write."""
+    if readonly:
+        return True
+    if path.exists() and not path.is_dir():
+        raise CacheError(f"cache path {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        writable = unwritable(path) is None
+        reason = "is not writable"
+    except OSError as exc:
+        writable, reason = False, f"cannot be created ({exc.strerror})"
+    if writable:
+        return False
+    if readonly is False:
+        raise ReadOnlyCacheError(f"cache directory {path} {reason}, but readonly=False was asked")
+    log.warning(
+        "cache directory %s %s: opened read-only (lookups work; writes raise ReadOnlyCacheError)", path, reason
+    )
+    return True

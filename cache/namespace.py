@@ -32,7 +32,13 @@ from typing import Iterator, Protocol
 import diskcache
 from diskcache.core import DBNAME
 
-from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError
+from .errors import (
+    PERMISSION_HINT,
+    CacheError,
+    DamagedCacheError,
+    PermissionDeniedError,
+    ReadOnlyCacheError,
+)
 from .safe_disk import SafeDisk
 
 INLINE_LIMIT = 2**30  # JSON values stay inside their SQLite row: one row = one whole entry.
@@ -148,6 +154,7 @@ class Namespace:
             if not self.readonly:
                 con.execute("PRAGMA synchronous = NORMAL")  # as diskcache's writers: WAL commits without fsync
         except sqlite3.Error as exc:
+            self._raise_if_denied()
             raise DamagedCacheError(f"cannot open {self._db}: {exc}") from None
         self._local.pid, self._local.con, self._local.mode = pid, con, mode
         with self._lock:
@@ -165,9 +172,22 @@ class Namespace:
                 return []  # database file exists but its first writer has not created the table yet
             if "locked" in str(exc) or "busy" in str(exc):
                 raise CacheError(f"cannot read {self._db}: {exc} (a writer holds it too long)") from None
+            self._raise_if_denied()
             raise DamagedCacheError(f"cannot read {self._db}: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise DamagedCacheError(f"cannot read {self._db}: {exc}") from None
+
+    def _raise_if_denied(self) -> None:
+        """Tell "this user may not read the index" (PermissionDeniedError) from damage: SQLite
+        says "unable to open database file" for both."""
+        for path in (self._db, Path(f"{self._db}-wal"), Path(f"{self._db}-shm")):
+            try:
+                with open(path, "rb"):
+                    pass
+            except PermissionError:
+                raise PermissionDeniedError(f"{path}: {PERMISSION_HINT}") from None
+            except OSError:
+                continue
 
     def quick_check(self) -> str | None:
         """What SQLite's ``PRAGMA quick_check`` finds wrong with the index (None: nothing).
@@ -226,10 +246,9 @@ class Namespace:
         if not rows:
             return None
         rowid, tag, size, store_time, access_time, mode, filename, value = rows[0]
-        try:
-            data = self._disk.fetch(mode, filename, value, False)
-        except OSError:
-            return None  # its file was removed (gc/quarantine) after we read the row
+        data = self._fetch(mode, filename, value)
+        if data is None:
+            return None
         return RowInfo(rowid, key, tag, size, store_time, access_time, filename), data
 
     def value_of(self, info: RowInfo) -> bytes | str | None:
@@ -237,11 +256,20 @@ class Namespace:
         rows = self._query("SELECT mode, filename, value FROM Cache WHERE rowid = ?", (info.rowid,))
         if not rows:
             return None
+        return self._fetch(*rows[0])
+
+    def _fetch(self, mode: int, filename: str | None, value: bytes | str | None) -> bytes | str | None:
+        """A row's value; None when its file was removed (gc, quarantine) after the row was read.
+        A file that exists but cannot be read is an error, never "absent": callers that remove
+        what is absent must not remove it."""
         try:
-            mode, filename, value = rows[0]
             return self._disk.fetch(mode, filename, value, False)
-        except OSError:
+        except FileNotFoundError:
             return None
+        except PermissionError as exc:
+            raise PermissionDeniedError(f"{exc.filename}: {PERMISSION_HINT}") from None
+        except OSError as exc:
+            raise DamagedCacheError(f"cannot read {exc.filename or filename}: {exc.strerror or exc}") from None
 
     def contains(self, key: str) -> bool:
         return bool(self._query("SELECT 1 FROM Cache WHERE key = ? AND raw = 1", (key,)))
@@ -322,6 +350,19 @@ class Namespace:
                                  "free space and retry (the cache is intact)") from None
             raise DamagedCacheError(f"cannot write {self._db}: {exc}; run `ctbuild cache verify --repair --cache "
                                     f"{self.directory.parent}`") from None
+
+    def move_out(self, key: str, dest: Path) -> bool:
+        """Move ``key``'s value file to ``dest`` (same filesystem), then drop its row; False when
+        there is no such file. The bytes are kept as they are on disk, not rewritten."""
+        rows = self._query("SELECT filename FROM Cache WHERE key = ? AND raw = 1", (key,))
+        if not rows or not rows[0][0]:
+            return False
+        try:
+            os.replace(self.directory / rows[0][0], dest)
+        except FileNotFoundError:
+            return False
+        self.delete(key)
+        return True
 
     def delete_row(self, rowid: int) -> bool:
         """Delete a row by rowid: the only handle on a row whose key is pickled or not text."""

@@ -26,9 +26,23 @@ import xxhash
 from . import bundle, eviction, integrity
 from .digest import digest_of, is_digest
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
-from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError, UnsafeValueError
+from .errors import (
+    PERMISSION_HINT,
+    CacheError,
+    DamagedCacheError,
+    PermissionDeniedError,
+    ReadOnlyCacheError,
+    UnsafeValueError,
+)
 from .jsontext import dumps, loads_object
-from .layout import QUARANTINE_DIR, Namespaces, check_layout, open_namespaces
+from .layout import (
+    QUARANTINE_DIR,
+    Namespaces,
+    check_layout,
+    open_namespaces,
+    resolve_readonly,
+    unwritable,
+)
 from .namespace import ByteStream, HashingReader, Namespace, RowInfo
 from .signing import Key
 
@@ -64,7 +78,7 @@ class Store:
             raise ValueError(f"size_limit must be >= 0 bytes, got {size_limit}")
         self._path = Path(os.fspath(path)).expanduser().absolute()
         self.size_limit = size_limit
-        self._readonly = _resolve_readonly(self._path, readonly)
+        self._readonly = resolve_readonly(self._path, readonly)
         check_layout(self._path, readonly=self._readonly)
         self._ns = open_namespaces(self._path, readonly=self._readonly)
         self._digest_failures = 0
@@ -185,13 +199,19 @@ class Store:
                 self._path, digest, len(data), "" if self._readonly else " and moved to quarantine/",
             )
         if not self._readonly:
-            self._quarantine(digest, data)
+            self._quarantine(digest)
 
-    def _quarantine(self, digest: str, data: bytes) -> None:
+    def _quarantine(self, digest: str) -> None:
+        """Move the bad value file into quarantine/ (its bytes as they are on disk), then drop
+        the row; where it cannot be moved it stays, a miss on every read."""
         qdir = self._path / QUARANTINE_DIR
-        qdir.mkdir(exist_ok=True)
-        (qdir / f"{digest}.{os.getpid()}.{time.time_ns()}.bad").write_bytes(data)
-        self._ns.blobs.delete(digest)
+        dest = qdir / f"{digest}.{os.getpid()}.{time.time_ns()}.bad"
+        try:
+            qdir.mkdir(exist_ok=True)
+            self._ns.blobs.move_out(digest, dest)
+        except (OSError, CacheError) as exc:
+            log.warning("cache %s: could not move bad blob %s to %s (%s); left in place", self._path, digest,
+                        qdir, exc)
 
     # -- compile entries ---------------------------------------------------------------------
 
@@ -368,11 +388,12 @@ class Store:
         return bundle.export_bundle(self, file, archs=archs, sign_key=sign_key, sequence=sequence, expires=expires)
 
     def import_bundle(self, file: str | os.PathLike | IO[bytes], *, require_key: Key | None = None,
-                      max_member_size: int = bundle.MAX_MEMBER_SIZE, min_sequence: int | None = None) -> dict[str, Any]:
-        """Verify a bundle completely (and its signature with ``require_key``), then merge it in
-        (idempotent); see :mod:`cache.bundle`."""
+                      limits: bundle.ImportLimits = bundle.DEFAULT_LIMITS,
+                      min_sequence: int | None = None) -> dict[str, Any]:
+        """Verify a bundle completely (and its signature with ``require_key``) within ``limits``,
+        then merge it in (idempotent); see :mod:`cache.bundle`."""
         self._require_writable("import a bundle")
-        return bundle.import_bundle(self, file, require_key=require_key, max_member_size=max_member_size,
+        return bundle.import_bundle(self, file, require_key=require_key, limits=limits,
                                     min_sequence=min_sequence)
 
     def read_entry(self, ns: Namespace, key: str) -> tuple[RowInfo, bytes | str] | None:
@@ -383,6 +404,9 @@ class Store:
 
     def _require_writable(self, action: str) -> None:
         if self._readonly:
+            blocker = unwritable(self._path)
+            if blocker is not None and os.access(self._path, os.W_OK):  # the owner's files, not the mount
+                raise PermissionDeniedError(f"cannot {action}: {blocker} is not writable: {PERMISSION_HINT}")
             raise ReadOnlyCacheError(
                 f"cannot {action}: the cache at {self._path} is open read-only "
                 "(its directory is not writable, or readonly=True was asked). "
@@ -467,33 +491,3 @@ def _as_bytes(data: object, what: str) -> bytes:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
     raise ValueError(f"{what} must be bytes, got {type(data).__name__}")
-
-
-def is_writable(path: Path) -> bool:
-    """Whether this process could write the cache at ``path`` (the directory, its namespaces and
-    their indexes); asks the OS, writes nothing."""
-    # -wal/-shm files come and go with writers; a path that vanished since the glob is no evidence.
-    return all(os.access(p, os.W_OK) or not p.exists()
-               for p in (path, *path.glob("*/"), *path.glob("*/cache.db")))
-
-
-def _resolve_readonly(path: Path, readonly: bool | None) -> bool:
-    """Decide the store's mode; creates the directory when it may write."""
-    if readonly:
-        return True
-    if path.exists() and not path.is_dir():
-        raise CacheError(f"cache path {path} exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        writable = is_writable(path)
-        reason = "is not writable"
-    except OSError as exc:
-        writable, reason = False, f"cannot be created ({exc.strerror})"
-    if writable:
-        return False
-    if readonly is False:
-        raise ReadOnlyCacheError(f"cache directory {path} {reason}, but readonly=False was asked")
-    log.warning(
-        "cache directory %s %s: opened read-only (lookups work; writes raise ReadOnlyCacheError)", path, reason
-    )
-    return True

@@ -6,6 +6,9 @@ Whatever a command raises ends here as one line on stderr, never a traceback (``
 bad input — a config, a declaration, a kernel module that fails to import, a cache that cannot be
 used — exits 2; an environment failure (a full disk) or an internal error exits 1; output into a
 closed pipe (``ctbuild plan | head -1``) stops quietly with exit 0, as ``git log | head`` does.
+SIGINT and SIGTERM end a command the same way: every ``finally`` runs (the farm stops Ray and
+its workers), then one line and exit 128 + the signal's number (130, 143); a second signal
+while that cleanup runs exits at once (the farm's reaper stops what Ray started).
 """
 from __future__ import annotations
 
@@ -13,8 +16,12 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
+from types import FrameType
+from typing import Any
 
 from . import __version__
 from .user_code import user_frame
@@ -46,6 +53,42 @@ BAD_INPUT = (("ctbuild.project", "ConfigError"), ("ctbuild.declare", "Declaratio
              ("ctbuild.settings", "SettingsError"))
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread where it was received, so that SIGTERM
+    (``docker stop``, a CI timeout) unwinds like Ctrl-C: what holds a cache or Ray open closes."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: The signal `_on_signal` took, for the closing line: code between the handler and the CLI
+#: (Ray's, for one) may turn `Interrupted` into a plain KeyboardInterrupt.
+_received: list[int] = []
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_now)
+    _received.append(signum)
+    raise Interrupted(signum)
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> None:
+    """A second signal during the cleanup the first one started: leave now."""
+    print(f"ctbuild: {signal.Signals(signum).name} again: stopping without cleaning up",
+          file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+def handle_signals() -> dict[int, Any]:
+    """Route SIGINT and SIGTERM to `Interrupted`; returns the handlers they had (none when
+    not on the main thread: then the embedding program owns its signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, just that subcommand's module is imported (the others are
     listed with their summaries), else every subcommand is built (for docs/gen_cli.py)."""
@@ -72,6 +115,16 @@ def chosen_command(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     verbose = "-v" in argv or "--verbose" in argv
+    previous = handle_signals()
+    try:
+        return _main(argv, verbose)
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(sig, handler)
+
+
+def _main(argv: list[str], verbose: bool) -> int:
     try:
         parser = build_parser(only=chosen_command(argv))
         args = parser.parse_args(argv)
@@ -87,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
-    except KeyboardInterrupt:
-        print("ctbuild: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else (_received or [signal.SIGINT])[0]
+        print(f"ctbuild: interrupted by {signal.Signals(signum).name}; what finished is kept "
+              "(nothing failed was cached): re-run the same command to continue", file=sys.stderr)
+        return 128 + signum
     except Exception as exc:  # noqa: BLE001 - the one place that turns any error into one line
         message, code = describe_error(exc)
         if verbose:

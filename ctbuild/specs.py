@@ -70,8 +70,9 @@ class Tensor:
             raise ValueError(f"Tensor shape {shape} has a negative dimension")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
-        if self.align <= 0:
-            raise ValueError(f"Tensor align must be a positive byte count, got {self.align}")
+        if self.align <= 0 or self.align & (self.align - 1):
+            raise ValueError(f"Tensor align must be a power of two (bytes of base-pointer "
+                             f"alignment, e.g. 256 or 16), got {self.align}")
         if any(_is_dim(d) for d in shape):  # a dynamic tensor: contiguous, strides per size
             if self.strides is not None:
                 raise ValueError(f"Tensor {shape}: a tensor with a Dim is contiguous; strides= "
@@ -193,8 +194,8 @@ def spec_to_json(value: Any) -> Any:
 def spec_from_json(value: Any) -> Any:
     """Inverse of `spec_to_json` (for `--from-record` files written at run time)."""
     if isinstance(value, dict) and "tensor" in value:
-        return Tensor(tuple(value["tensor"]), value["dtype"], tuple(value["strides"]) or None,
-                      value.get("align", 256))
+        return Tensor(tuple(value["tensor"]), value["dtype"],
+                      tuple(value.get("strides") or ()) or None, value.get("align", 256))
     if isinstance(value, dict) and "scalar" in value:
         return Scalar(value["scalar"], value.get("example"))
     if isinstance(value, list):

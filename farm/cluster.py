@@ -7,6 +7,11 @@ packages/modules to every node (``py_modules``), so kernel sources need not be i
 the workers must still have the toolchain, ray and xxhash installed. They need no cache path
 and no shared filesystem: the driver alone writes the cache.
 
+Signals stay the caller's: Ray's C++ core would print a native stack dump on SIGTERM
+(`RAY_DISABLE_FAILURE_SIGNAL_HANDLER` defaults to 1 here, in the driver and the processes it
+starts; set it to 0 to get the dumps back), and the SIGTERM/SIGINT handlers ``ray.init``
+replaces on the main thread are put back, so the caller decides what a signal does.
+
 An embedded Ray is watched by `farm.reaper`, so that a driver killed by SIGKILL leaves none of
 the processes it started behind. Its daemons that do nothing for a build (`IDLE_DAEMONS`) run
 only on CPU the compiles leave idle (`yield_idle_daemons`).
@@ -16,11 +21,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .reaper import process_table
 from .records import FarmError
@@ -94,6 +102,7 @@ def connect(address: str | None, num_cpus: int, ship: list[str] | None = None,
             env_vars: dict[str, str] | None = None) -> dict[str, Any]:
     """Start (address None) or join Ray. Returns {"owned", "address", "cpus", "reaper"}."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     import ray
     if ray.is_initialized():
         return {"owned": False, "address": address, "cpus": _cpus(ray), "reaper": None}
@@ -107,21 +116,22 @@ def connect(address: str | None, num_cpus: int, ship: list[str] | None = None,
     logging.getLogger("ray._private.worker").addFilter(
         lambda r: "SIGTERM handler is not set" not in r.getMessage())
     try:
-        if address is None:
-            # Ray warns that its new local cluster uses token auth; for an embedded, private
-            # cluster that is noise in a build log.
-            logging.getLogger("ray._private.authentication.authentication_token_setup"
-                              ).setLevel(logging.ERROR)
-            ray.init(address="local", num_cpus=num_cpus, num_gpus=0, include_dashboard=False,
-                     object_store_memory=128 * 1024 * 1024, **common)
-            yield_idle_daemons(os.getpid())
-        else:
-            runtime_env: dict[str, Any] = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0",
-                                                        **(env_vars or {})}}
-            if ship:
-                runtime_env["py_modules"] = list(ship)
-                runtime_env["excludes"] = SHIP_EXCLUDES
-            ray.init(address=address, runtime_env=runtime_env, **common)
+        with _callers_signals():
+            if address is None:
+                # Ray warns that its new local cluster uses token auth; for an embedded, private
+                # cluster that is noise in a build log.
+                logging.getLogger("ray._private.authentication.authentication_token_setup"
+                                  ).setLevel(logging.ERROR)
+                ray.init(address="local", num_cpus=num_cpus, num_gpus=0, include_dashboard=False,
+                         object_store_memory=128 * 1024 * 1024, **common)
+                yield_idle_daemons(os.getpid())
+            else:
+                runtime_env: dict[str, Any] = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0",
+                                                            **(env_vars or {})}}
+                if ship:
+                    runtime_env["py_modules"] = list(ship)
+                    runtime_env["excludes"] = SHIP_EXCLUDES
+                ray.init(address=address, runtime_env=runtime_env, **common)
     except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; all mean "no cluster"
         where = f"join the Ray cluster at {address}" if address else "start a local Ray"
         why = f"{type(exc).__name__}: {exc}"
@@ -135,6 +145,22 @@ def connect(address: str | None, num_cpus: int, ship: list[str] | None = None,
             stop_reaper(reaper)
         raise FarmError(f"could not {where}: {why}") from exc
     return {"owned": True, "address": address, "cpus": _cpus(ray), "reaper": reaper}
+
+
+@contextmanager
+def _callers_signals() -> Iterator[None]:
+    """Put back the SIGTERM/SIGINT handlers ``ray.init`` replaces on the main thread (its
+    SIGTERM handler exits without a word); elsewhere Ray sets none."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def yield_idle_daemons(driver: int) -> list[int]:

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable
 from .claims import Claims
 from .cluster import connect, disconnect, resolve_address, start_reaper, stop_reaper
 from .local_workers import END, FAILED_SETUP, RECORD, WARM, LocalWorker
+from .reaper import freeze_tree, kill_frozen
 from .records import CACHED, COMPILED, FAILED, FarmError, FarmResult, JobRecord
 from .worker import FarmWorker, callable_ref
 
@@ -333,11 +334,9 @@ class Farm:
             if live:
                 refs = [a.close.remote() for a in live]
                 ray.wait(refs, num_returns=len(refs), timeout=CLOSE_SECONDS)
-            for actor in live:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+            for slot in self.slots:
+                if slot.actor is not None:
+                    self._kill_actor(slot)
         self.slots = []
         self._ray_slots = 0
         self._t_start = 0.0
@@ -465,12 +464,9 @@ class Farm:
             return
         ray.wait([a.close.remote() for a in live], num_returns=len(live), timeout=CLOSE_SECONDS)
         probes = []
-        for actor in live:
-            try:
-                ray.kill(actor, no_restart=True)
-                probes.append(actor.ping.remote())
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        for slot in self.slots:
+            if slot.actor is not None and self._kill_actor(slot):
+                probes.append(slot.actor.ping.remote())
         for slot in self.slots:
             slot.actor = None
         if probes:
@@ -485,11 +481,23 @@ class Farm:
                 self._add_local(1, count=False)
             return
         if slot.actor is not None:
-            try:
-                self._ray.kill(slot.actor, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+            self._kill_actor(slot)
         self._spawn(slot)
+
+    def _kill_actor(self, slot: _Slot) -> bool:
+        """``ray.kill`` the slot's actor; on an embedded Ray, with every process below it (the
+        compiler it runs would outlive it). False when it was gone already."""
+        pid = (slot.info or {}).get("pid") if self._owned and self.address is None else None
+        if not isinstance(pid, int):
+            pid = None
+        frozen = freeze_tree(pid, with_root=False) if pid is not None else {}
+        try:
+            self._ray.kill(slot.actor, no_restart=True)
+            return True
+        except Exception:  # noqa: BLE001 - already gone
+            return False
+        finally:
+            kill_frozen(frozen, after=pid if frozen else None)
 
     # ---- running ---------------------------------------------------------------------------
     def run(self, jobs: Iterable[dict[str, Any]],

@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from .reaper import freeze_tree, kill_frozen
 from .worker import FarmWorker, error_text
 
 #: Messages a local worker sends: ("warm", info) | ("failed", error) | ("rec", record) |
@@ -72,13 +73,15 @@ class LocalWorker:
         try:
             self.proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
         self.conn.close()
 
     def kill(self) -> None:
-        """Kill it now (a dead, hung or no longer needed worker); its temp directory is swept
-        by the next worker that warms up or closes here (`farm.worker.sweep_orphans`)."""
+        """Kill it now (a dead, hung or no longer needed worker) with the compiler it runs; its
+        temp directory is swept by the next worker that warms up or closes here
+        (`farm.worker.sweep_orphans`)."""
+        if self.proc.poll() is None:
+            kill_frozen(freeze_tree(self.proc.pid))
         self.proc.kill()
         self.proc.wait()
         self.conn.close()

@@ -55,6 +55,46 @@ def _descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]
     return found
 
 
+def freeze_tree(root: int, *, with_root: bool = True) -> dict[int, int]:
+    """SIGSTOP every process below ``root`` (and ``root`` itself ``with_root``), rescanning
+    until none appears (a stopped process starts nothing more); pid -> start time of each.
+
+    A worker killed while it compiles would leave its compiler running, reparented away from
+    the driver; its frozen tree is killed with it (`kill_frozen`). A worker whose killing is
+    someone else's (Ray's) keeps running: it only waits on its stopped compiler meanwhile."""
+    frozen: dict[int, int] = {}
+    seen: set[int] = set()
+    table = process_table()
+    found = _descendants({root}, table) | ({root} & set(table) if with_root else set())
+    while found:
+        seen |= found
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                continue
+            frozen[pid] = table[pid][1]
+        table = process_table()
+        found = _descendants({root} | seen, table) - seen - {root}
+    return frozen
+
+
+def kill_frozen(frozen: dict[int, int], *, after: int | None = None, wait: float = 5.0) -> None:
+    """SIGKILL what `freeze_tree` stopped, each only while its start time is unchanged; with
+    ``after``, once that process is gone (up to ``wait`` seconds), so that it cannot start
+    another compile when it sees this one die."""
+    deadline = time.monotonic() + wait
+    while after is not None and _stat(after) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid, start in frozen.items():
+        st = _stat(pid)
+        if st is not None and st[1] == start:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def watch(driver: int, pipe: int) -> None:
     before = set(process_table()) | {os.getpid()}  # what existed already is not the farm's
     watched: dict[int, int] = {}

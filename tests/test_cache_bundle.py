@@ -87,7 +87,11 @@ def test_export_skips_entries_with_a_corrupt_blob(source, tmp_path):
     (blob,) = [p for p in source.path.glob("blobs/??/??/*.val") if p.read_bytes() == cubin(0)]
     blob.write_bytes(b"rotten")
     result = source.export_bundle(tmp_path / "b.tar")
-    assert result["skipped"] == ["k0"] and result["compile_entries"] == 11
+    # the tuning record whose winner is k0 goes with it: an import refuses a record without its winner
+    assert result["skipped"] == ["k0", "t0"] and result["compile_entries"] == 11
+    assert result["tuning_records"] == 5
+    with Store(tmp_path / "dst") as dst:
+        assert dst.import_bundle(tmp_path / "b.tar")["tuning_records"] == 5
 
 
 def member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE,

@@ -60,6 +60,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path):
         (("--report", str(tmp_path / "missing" / "r.json")), "does not exist"),
         (("--from-record", str(bad)), "bad.jsonl:2: not JSON"),
         (("--from-record", str(tmp_path / "nope.jsonl")), "cannot read"),
+        (("--from-record", "/dev/zero"), "/dev/zero:1: line longer than 64 KiB"),
     ]
     bad.write_text(_record(64) + "\n{oops\n")
     for args, message in cases:

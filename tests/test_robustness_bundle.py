@@ -155,14 +155,106 @@ def test_a_write_failing_part_way_leaves_nothing_behind(tmp_path):
     assert {p for p in tree(dst) if not p.endswith(("-wal", "-shm"))} <= before | {"blobs", "blobs/cache.db"}
 
 
-def test_free_space_is_checked_before_writing(tmp_path, monkeypatch):
-    bundle = real_bundle(tmp_path)
+def tiny_bundle(path: Path, n: int, *, tuning: bytes = b"{}") -> Path:
+    """A bundle of ``n`` four-byte blobs, each with its compile entry: little to download, but a
+    file, a directory block and a row each to store."""
+    blobs = [i.to_bytes(4, "little") for i in range(n)]
+    digests = [digest_of(b) for b in blobs]
+    compile_doc = json.dumps({f"k{i}": {"digest": d, "symbol": "s", "kernel": "k", "arch": "sm_90"}
+                              for i, d in enumerate(digests)}).encode()
+    with open(path, "wb") as f:
+        for name, data in (("manifest.json", MANIFEST), ("compile.json", compile_doc), ("tuning.json", tuning),
+                           *((f"blobs/{d}", b) for d, b in zip(digests, blobs))):
+            f.write(member_header(name, len(data)) + data + pad(len(data)))
+        f.write(b"\0" * 1024)
+    return path
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 80 MiB tmpfs (64 MiB of it the import's margin); skipped where mounting is not allowed."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "ctbuild-test", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(mnt)], check=False)  # something still holds it open
+
+
+def test_many_tiny_members_are_refused_by_what_they_take_on_disk(tmp_path, small_tmpfs):
+    """5,000 four-byte blobs are 20 KB of data but about 42 MiB of files, directories and rows:
+    refused from the headers on an 80 MiB filesystem with nothing written; a real bundle fits."""
+    bundle = tiny_bundle(tmp_path / "tiny.tar", 5_000)
+    cache = small_tmpfs / "cache"
+    Store(cache).close()
+    before = tree(cache)
+    code, stderr, _ = peak_rss("import", "--cache", str(cache), str(bundle))
+    assert code == 2 and "not enough free space" in stderr and "4096-byte blocks" in stderr, stderr
+    assert "nothing was imported" in stderr and "Traceback" not in stderr
+    assert tree(cache) == before
+    code, stderr, _ = peak_rss("import", "--cache", str(cache), str(real_bundle(tmp_path, size=2**20)))
+    assert code == 0, stderr
+    with Store(cache) as store:
+        assert store.stats()["compile_entries"] == 2
+
+
+def test_member_count_and_disk_size_caps(tmp_path):
+    bundle = tiny_bundle(tmp_path / "tiny.tar", 300)
+    dst = tmp_path / "dst"
+    code, stderr, _ = peak_rss("import", "--cache", str(dst), "--max-members", "100", str(bundle))
+    assert code == 2 and "more than 100 members (--max-members)" in stderr, stderr
+    code, stderr, _ = peak_rss("import", "--cache", str(dst), "--max-size", "1M", str(bundle))
+    assert code == 2 and "more than 1 MiB on disk (--max-size" in stderr, stderr
+    assert Store(dst).stats()["blobs"] == 0
+
+
+def test_a_tuning_record_needs_its_compile_entry(tmp_path):
+    record = {"t": {"kernel": "k", "arch": "sm_90", "compile_key": "no-such-key"}}
+    bundle = tiny_bundle(tmp_path / "t.tar", 2, tuning=json.dumps(record).encode())
     dst = Store(tmp_path / "dst")
-    import shutil
-    monkeypatch.setattr(bundle_mod, "SPACE_MARGIN", shutil.disk_usage(tmp_path).free)  # "the disk is almost full"
-    with pytest.raises(CacheError, match="not enough free space"):
+    with pytest.raises(CacheError, match="record 't' names compile key 'no-such-key', which is neither in the "
+                                         "bundle nor in the cache"):
         dst.import_bundle(bundle)
-    assert dst.stats()["blobs"] == 0 and not list(dst.path.rglob("*.val"))
+    assert dst.stats()["blobs"] == 0 and dst.stats()["tuning_records"] == 0
+
+
+def json_bundle(path: Path, compile_doc: bytes, *, compress: bool = False) -> Path:
+    opener = gzip.open if compress else open
+    with opener(path, "wb") as f:
+        for name, data in (("manifest.json", MANIFEST), ("compile.json", compile_doc)):
+            f.write(member_header(name, len(data)) + data + pad(len(data)))
+        f.write(b"\0" * 1024)
+    return path
+
+
+def test_json_bombs_are_refused_before_parsing_in_bounded_memory(tmp_path):
+    """A 30 MiB document of empty lists (10 million values; about 700 MB once parsed) and one
+    200,000 deep: one line each, exit 2, and the child's peak RSS stays far below 512 MiB."""
+    dst = tmp_path / "dst"
+    wide = b'{"k": [' + b"[]," * (10 * 2**20) + b"[]]}"
+    deep = b'{"k": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    for bundle, message in [(json_bundle(tmp_path / "wide.tgz", wide, compress=True), "holds more than"),
+                            (json_bundle(tmp_path / "deep.tar", deep), "nests JSON more than 32 deep")]:
+        code, stderr, rss = peak_rss("import", "--cache", str(dst), str(bundle))
+        assert code == 2 and message in stderr and "nothing was imported" in stderr, stderr
+        assert len(stderr.splitlines()) == 1 and "Traceback" not in stderr, stderr
+        assert rss < 256 * 2**20, f"{bundle.name}: peak RSS {rss / 2**20:.0f} MiB"
+    big = json_bundle(tmp_path / "big.tar", b'{"k": "' + b"x" * (33 * 2**20) + b'"}')
+    code, stderr, _ = peak_rss("import", "--cache", str(dst), str(big))
+    assert code == 2 and "JSON documents exceed 32 MiB (--max-json-size)" in stderr, stderr
+
+
+def test_signature_is_checked_before_any_document_is_parsed(tmp_path):
+    key = tmp_path / "ci.key"
+    key.write_bytes(os.urandom(32).hex().encode())
+    bomb = json_bundle(tmp_path / "bomb.tar", b"[" * 200_000)
+    code, _, err = run_cache("import", "--cache", str(tmp_path / "dst"), "--require-signature", str(key), str(bomb))
+    assert code == 2 and "not signed" in err and "JSON" not in err, err
 
 
 def test_signed_bundle_round_trips_and_tampering_is_refused(tmp_path):

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..bundle_limits import ImportLimits
 from ..errors import CacheError
 from ..signing import keygen, load_key
 from .reference import parse_layout_name, parse_reference
@@ -152,7 +153,7 @@ def run_pull(cache: Path, args: argparse.Namespace) -> tuple[Any, str, int]:
         raise CacheError(f"{args.key} is an HMAC secret; images are verified with an Ed25519 public key")
     target, name = target_of(args, push=False)
     r = pull(target, name, cache, arch=arch, key=key, min_sequence=args.min_sequence,
-             import_options={"max_member_size": args.max_member_size})
+             import_options={"limits": ImportLimits(member_size=args.max_member_size)})
     text = (f"pulled {args.ref} ({r['digest']}) for {arch}{' (signature verified)' if r['signed'] else ''} into "
             f"{cache}: {r['blobs_added']} new CUBINs, {r['entries_written']} entries written, "
             f"{r['entries_unchanged']} already present")

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from ..bundle import SPACE_MARGIN, VERSION, export_bundle
+from ..bundle import VERSION, export_bundle
+from ..bundle_limits import SPACE_MARGIN
 from ..errors import CacheError
 from ..signing import HMAC, Key, sign, verify
 from . import MAX_DOCUMENT, OCI_CONFIG, OCI_INDEX, OCI_LAYER_GZIP, OCI_MANIFEST

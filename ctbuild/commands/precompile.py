@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
+from ..build.miss_records import RecordFileError, read_records
 from ..declare import TunedKernel
 from ..project import ConfigError, Project, select_kernels
-from ..records import MissRecord, RecordFormatError
-from ..specs import Workload, spec_from_json
+from ..specs import Workload
 from .common import (
     EXIT_USAGE,
     add_kernel_arg,
@@ -69,13 +69,17 @@ worker whose toolchain fingerprint differs from this machine's aborts the build.
 A config that fails to compile or exceeds --compile-timeout is reported and skipped, never
 cached; a worker that crashes has its job retried elsewhere (twice at most).
 
---from-record FILE reads JSON lines written at run time, each
-  {"kernel": "matmul", "workload": {"A": {"tensor": [...], "dtype": ...}, ...}, "arch": "sm_90"}
+--from-record FILE reads JSON lines written at run time (CTBUILD_RECORD=FILE) or by hand, e.g.
+  {"kernel": "matmul", "workload": {"A": {"tensor": [512, 4096], "dtype": "float16"}, "B": {"tensor": [4096, 4096], "dtype": "float16"}, "C": {"tensor": [512, 4096], "dtype": "float16"}}, "arch": "sm_90"}
 and plans those workloads too (on every target arch; a recorded arch is added to the targets).
+A tensor may add "strides" (elements; default contiguous) and "align" (bytes, a power of two
+>= the element size; default 256); a scalar is {"scalar": "int32", "example": 7}. A file
+holds at most 16 MiB, a line 64 KiB; a bad line fails the build naming FILE:LINE.
 
 exit status: 0 all built (or --allow-failures), 1 some job failed or the build was aborted,
-2 bad input (config, declarations, flags, record file, unusable cache directory).
-"""
+2 bad input (config, declarations, flags, record file, unusable cache directory), 130/143
+interrupted by SIGINT/SIGTERM (Ray and the workers are stopped; finished CUBINs are kept).
+"""  # noqa: E501 - the --from-record example is one JSON line, as users paste it
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
@@ -107,54 +111,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                    help="also plan the workloads recorded at run time in FILE (JSON lines); "
                         "repeatable")
     p.set_defaults(run=guarded(run))
-
-
-class RecordFileError(ValueError):
-    """A --from-record file is unreadable or malformed."""
-
-
-def read_records(files: list[str], kernels: list[TunedKernel]
-                 ) -> tuple[dict[str, list[Workload]], list[Arch]]:
-    """Workloads per kernel name, and the archs, from runtime record files (deduplicated)."""
-    by_name = {k.name: k for k in kernels}
-    extra: dict[str, list[Workload]] = {}
-    seen: set[str] = set()
-    archs: list[Arch] = []
-    for file in files:
-        try:
-            text = Path(file).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RecordFileError(f"--from-record {file}: cannot read: {exc}") from None
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"--from-record {file}:{n}"
-            try:
-                miss = MissRecord.from_json(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise RecordFileError(f"{where}: not JSON: {exc}") from None
-            except RecordFormatError as exc:
-                raise RecordFileError(f"{where}: {exc}") from None
-            kernel = by_name.get(miss.kernel)
-            if kernel is None:
-                raise RecordFileError(f"{where}: no kernel named {miss.kernel!r} in this "
-                                      f"project (kernels: {', '.join(sorted(by_name))})")
-            if set(miss.workload) != set(kernel.params):
-                raise RecordFileError(f"{where}: workload arguments {sorted(miss.workload)} "
-                                      f"do not match {kernel.name}'s "
-                                      f"({', '.join(kernel.params)})")
-            try:
-                w = Workload({p: spec_from_json(miss.workload[p]) for p in kernel.params})
-                arch = Arch(miss.arch) if miss.arch is not None else None
-            except (TypeError, ValueError, KeyError) as exc:
-                raise RecordFileError(f"{where}: {type(exc).__name__}: {exc}") from None
-            if arch is not None and arch not in archs:
-                archs.append(arch)
-            ident = json.dumps([kernel.name, miss.workload], sort_keys=True)
-            if ident not in seen:
-                seen.add(ident)
-                extra.setdefault(kernel.name, []).append(w)
-    return extra, archs
 
 
 def _write_atomic(path: Path, obj: Any) -> None:
@@ -411,8 +367,8 @@ def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
     except FarmError as exc:
         progress.close()
         return None, str(exc)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # SIGINT or SIGTERM: the CLI says so, after the farm closed
         progress.close()
-        return None, "interrupted; finished CUBINs are kept, nothing failed was cached"
+        raise
     progress.close()
     return result, None
