@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
+from .cache_reader import CacheReader
 from .kernel_store import KernelStore
-from .miss_policy import MissPolicy, Settings, parse_mode, serve_without_toolchain
+from .miss_policy import (
+    MissPolicy,
+    Settings,
+    parse_mode,
+    serve_without_toolchain,
+    tunes_online,
+)
 from .misses import MissLog, note_damage
 from .served_kernel import STATS, CubinSource
 from .write_back import WriteBack
@@ -47,6 +54,12 @@ class RuntimeContext:
         self._devices: dict[int, tuple[str, str]] = {}
 
     def _open_store(self) -> KernelStore | None:
+        """The cache, read directly (`cache_reader`) unless this mode tunes online (it
+        writes records) or the directory is not a readable cache yet: then a `cache.Store`."""
+        if not tunes_online(self.mode):
+            reader = CacheReader.open(self.cache_dir)
+            if reader is not None:
+                return reader
         from cache import Store
         try:
             return Store(self.cache_dir, on_damage=self._on_damage)
