@@ -269,7 +269,7 @@ class TunedKernel:
                 runtime = self._runtime
         return runtime
 
-    # The call goes straight to the runtime's code for the arguments' kinds (`serve.hot_call`):
+    # The call goes straight to the runtime's hot-path form (`serve.hot_path`):
     # the getter is C, so no frame of this class runs in between (a method forwarding the
     # call cost 0.1-0.2 us).
     __call__ = property(attrgetter("_call"), doc="``kernel(*args, **kwargs)``: launch the "
