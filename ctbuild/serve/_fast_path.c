@@ -308,39 +308,49 @@ typedef struct {
     const ExchangeAPI *streams;       /* where torch's current stream is read */
     Py_ssize_t count, cap;            /* entries; slots, a power of two */
     HotEntry **slots;
+    HotEntry *last;                   /* the entry found last (borrowed from slots), or NULL */
 } Table;
 
 static PyTypeObject HotEntryType, TableType;
 
-/* The layout hash of a call under the table's plan, each tensor read into `reads`; 0 where the
- * call does not fit the plan (number, kind or type of an argument, a tensor DLPack cannot
- * describe, a scalar that cannot be hashed): not an error, just no entry of this table. */
-static int layout_hash(const Table *t, PyObject *const *args, Py_ssize_t n, DLTensor *reads,
-                       uint64_t *out) {
+/* Each tensor of a call read into `reads` under the table's plan; 0 where the call does not
+ * fit the plan (number, kind or type of an argument, a tensor DLPack cannot describe): not an
+ * error, just no entry of this table. */
+static int read_call(const Table *t, PyObject *const *args, Py_ssize_t n, DLTensor *reads) {
     if (n != t->n)
         return 0;
-    uint64_t h = 0xcbf29ce484222325ULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *obj = args[i];
-        if (t->kinds[i] == 's') {
-            Py_hash_t v = PyObject_Hash(obj);
-            if (v == -1) {
-                PyErr_Clear();
-                return 0;
-            }
-            MIX(h, (uintptr_t)Py_TYPE(obj));
-            MIX(h, v);
+        if (t->kinds[i] == 's')
             continue;
-        }
         DLTensor *d = &reads[i];
-        if (Py_TYPE(obj) != t->types[i])
+        if (Py_TYPE(args[i]) != t->types[i])
             return 0;
-        if (t->apis[i]->dltensor_from_py_object_no_sync(obj, d) != 0) {
+        if (t->apis[i]->dltensor_from_py_object_no_sync(args[i], d) != 0) {
             PyErr_Clear();
             return 0;
         }
         if (d->ndim < 0 || d->ndim > MAX_DIMS)
             return 0;
+    }
+    return 1;
+}
+
+/* The hash of exactly what `matches` compares; 0 where a scalar cannot be hashed. */
+static int layout_hash(const Table *t, PyObject *const *args, const DLTensor *reads,
+                       uint64_t *out) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        if (t->kinds[i] == 's') {
+            Py_hash_t v = PyObject_Hash(args[i]);
+            if (v == -1) {
+                PyErr_Clear();
+                return 0;
+            }
+            MIX(h, (uintptr_t)Py_TYPE(args[i]));
+            MIX(h, v);
+            continue;
+        }
+        const DLTensor *d = &reads[i];
         int64_t buf[MAX_DIMS];
         const int64_t *strides = strides_of(d, buf);
         MIX(h, d->device.device_type);
@@ -366,17 +376,24 @@ static int matches(const HotEntry *e, PyObject *const *args, const DLTensor *rea
     return 1;
 }
 
-/* The entry of exactly this call's layout (borrowed), or NULL. */
-static HotEntry *find(const Table *t, PyObject *const *args, Py_ssize_t n) {
+/* The entry of exactly this call's layout (borrowed), or NULL: the entry found last is asked
+ * first (a loop calling one layout skips the hash), then the hash is looked up. */
+static HotEntry *find(Table *t, PyObject *const *args, Py_ssize_t n) {
     DLTensor reads[MAX_ARGS];
     uint64_t h;
-    if (t->count == 0 || !layout_hash(t, args, n, reads, &h))
+    if (t->count == 0 || !read_call(t, args, n, reads))
+        return NULL;
+    if (t->last != NULL && matches(t->last, args, reads, n))
+        return t->last;
+    if (!layout_hash(t, args, reads, &h))
         return NULL;
     size_t mask = (size_t)t->cap - 1;
     for (size_t i = (size_t)(h ^ (h >> 29)) & mask; t->slots[i] != NULL; i = (i + 1) & mask) {
         HotEntry *e = t->slots[i];
-        if (e->hash == h && matches(e, args, reads, n))
+        if (e->hash == h && matches(e, args, reads, n)) {
+            t->last = e;
             return e;
+        }
     }
     return NULL;
 }
@@ -459,7 +476,7 @@ static PyObject *table_add(Table *self, PyObject *args) {
     Py_ssize_t n = PyTuple_GET_SIZE(call_args);
     DLTensor reads[MAX_ARGS];
     uint64_t h;
-    if (!layout_hash(self, items, n, reads, &h)) {
+    if (!read_call(self, items, n, reads) || !layout_hash(self, items, reads, &h)) {
         PyErr_SetString(PyExc_ValueError, "the arguments do not fit the table's plan");
         return NULL;
     }
@@ -503,6 +520,7 @@ static int table_clear(Table *self) {
     HotEntry **slots = self->slots;
     Py_ssize_t cap = self->cap;
     self->slots = NULL;
+    self->last = NULL;
     self->cap = self->count = 0;
     for (Py_ssize_t i = 0; i < cap; i++)
         Py_XDECREF(slots[i]);
