@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import time
 from operator import attrgetter
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -264,7 +265,10 @@ class TunedKernel:
         if runtime is None:
             with _RUNTIME_LOCK:  # many first calls at once must share one runtime
                 if self._runtime is None:
+                    t0 = time.perf_counter()
                     from .serve.kernel_runtime import KernelRuntime
+                    from .serve.ledger import LEDGER
+                    LEDGER.imported(time.perf_counter() - t0)
                     self._runtime = KernelRuntime(self)
                 runtime = self._runtime
         return runtime

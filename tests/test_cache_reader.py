@@ -42,7 +42,7 @@ def test_reads_what_the_store_wrote(tmp_path: Path) -> None:
     assert reader.has_compile("k1") and not reader.has_compile("k2")
     hit = reader.get_compile("k1")
     assert hit is not None and (hit.cubin, hit.symbol) == (CUBIN, "sym1")
-    assert reader.compile_seconds == 2.5 and reader.bytes_read == 2 * len(CUBIN)
+    assert [k for k, _ in reader.tuning_records()] == ["t1"]
     assert CacheReader.open(tmp_path / "none") is None  # no cache yet: the store creates it
 
 

@@ -61,9 +61,9 @@ class CacheReader:
         self._verified: set[str] = set()
         self._reported: set[tuple[str, str]] = set()
         self._writer: KernelStore | None = None
-        #: Bytes of verified CUBINs and compile seconds read (the cold-start ledger).
-        self.bytes_read = 0
-        self.compile_seconds = 0.0
+        #: What `preload` read ahead: tuning records and verified CUBINs by key.
+        self.held_tuning: dict[str, dict[str, Any]] = {}
+        self.held_cubins: dict[str, ServedCubin] = {}
 
     @classmethod
     def open(cls, path: Path) -> CacheReader | None:
@@ -103,9 +103,22 @@ class CacheReader:
         return out
 
     def get_tuning(self, key: str) -> dict[str, Any] | None:
-        return self._get("tuning", key, TUNING_REQUIRED)
+        held = self.held_tuning.get(key)
+        return held if held is not None else self._get("tuning", key, TUNING_REQUIRED)
+
+    def tuning_records(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every readable tuning record (what `preload` chooses from)."""
+        out = []
+        for key, mode, filename, value in self._rows("tuning", "SELECT key, mode, filename, "
+                                                     "value FROM Cache WHERE raw = 1", ()):
+            entry = self._entry("tuning", key, mode, filename, value, TUNING_REQUIRED)
+            if entry is not None:
+                out.append((key, entry))
+        return out
 
     def has_compile(self, key: str) -> bool:
+        if key in self.held_cubins:
+            return True
         rows = self._rows("compile", "SELECT tag FROM Cache WHERE key = ? AND raw = 1", (key,))
         if not rows or not isinstance(rows[0][0], str):
             return False
@@ -113,6 +126,9 @@ class CacheReader:
         return digest in self._verified or self._blob(digest) is not None
 
     def get_compile(self, key: str) -> ServedCubin | None:
+        held = self.held_cubins.pop(key, None)  # served once: cuTile keeps its module
+        if held is not None:
+            return held
         entry = self._get("compile", key, COMPILE_REQUIRED)
         if entry is None:
             return None
@@ -121,9 +137,6 @@ class CacheReader:
             self._report(("missing", key), "compile entry %s names blob %s, which is missing or "
                          "bad; treated as a miss", key, entry["digest"])
             return None
-        seconds = entry.get("compile_seconds")
-        if isinstance(seconds, (int, float)):
-            self.compile_seconds += seconds
         return ServedCubin(cubin, entry["symbol"], entry)
 
     def put_compile(self, key: str, cubin: bytes, *, symbol: str, meta: dict[str, Any]) -> str:
@@ -197,7 +210,6 @@ class CacheReader:
                 self._quarantine(digest)
             return None
         self._verified.add(digest)
-        self.bytes_read += len(data)
         return data
 
     def _quarantine(self, digest: str) -> None:

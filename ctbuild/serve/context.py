@@ -14,6 +14,7 @@ from typing import Any
 from ..arch import Arch
 from .cache_reader import CacheReader
 from .kernel_store import KernelStore
+from .ledger import LEDGER
 from .miss_policy import (
     MissPolicy,
     Settings,
@@ -40,12 +41,13 @@ class RuntimeContext:
         self.mode = self.settings.mode
         self.misses = MissLog(record=self.settings.record)
         note_damage(self.cache_dir, None)
-        self.store = store if store is not None else self._open_store()
-        if self.store is not None:
-            self.store.on_damage = self._on_damage
-            if self.store.damage is not None:
-                self._on_damage(self.store.damage)
-        self.toolchain_fp = self._select_toolchain()
+        with LEDGER.first("cache_open"):
+            self.store = store if store is not None else self._open_store()
+            if self.store is not None:
+                self.store.on_damage = self._on_damage
+                if self.store.damage is not None:
+                    self._on_damage(self.store.damage)
+            self.toolchain_fp = self._select_toolchain()
         self.write_back = WriteBack(self.store, self.toolchain_fp, self.cache_dir)
         self.policy = MissPolicy(self.mode, self.misses, self.cache_dir, self.toolchain_fp,
                                  self.write_back)
@@ -103,7 +105,8 @@ class RuntimeContext:
         info = self._devices.get(device)
         if info is None:
             import torch
-            major, minor = torch.cuda.get_device_capability(device)
+            with LEDGER.first("cuda_context"):
+                major, minor = torch.cuda.get_device_capability(device)
             info = (str(Arch.from_capability(major, minor)), torch.cuda.get_device_name(device))
             self._devices[device] = info
         return info

@@ -34,8 +34,10 @@ from .entry import Entry
 from .errors import KernelCallError, reraise_named
 from .hot_path import c_forms, python_forms
 from .layout_guard import guard_plan, new_table
+from .ledger import LEDGER
 from .live_args import make_key_fn
 from .miss_policy import CacheMissError, RuntimeConfigError
+from .preload import preload
 from .resolve import Resolved, Resolver, explanation
 from .served_kernel import LayoutChanged, ServedKernel
 from .streams import (
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from ..space import Config
 
 __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError",
-           "RuntimeConfigError", "configure", "context", "reset", "stats"]
+           "RuntimeConfigError", "configure", "context", "preload", "reset", "stats"]
 
 #: Drop the hot-path memo and table (and fold their provenance rows into totals) of a kernel
 #: when either grows past this (e.g. a scalar that varies).
@@ -201,7 +203,8 @@ class KernelRuntime:
             self._add_layout(entry, args)
             return self._launch(entry, stream, args)
         try:
-            res = self.resolver.resolve(args, stream=stream)
+            with LEDGER.first("first_resolve"):
+                res = self.resolver.resolve(args, stream=stream)
         except Exception as exc:
             reraise_named(exc, self.tuned)
         need = res.keys_needed if res.signature is not None else \
@@ -216,7 +219,8 @@ class KernelRuntime:
                       partial(_kernel_args, self.tuned, res.config), res.device,
                       self._zero_idx)
         with self.ctx.policy.first_launch(self.name, res.workload_json, res.arch,
-                                          res.cubin_from, res.cubin_class) as launched:
+                                          res.cubin_from, res.cubin_class) as launched, \
+                LEDGER.first("first_launch"):
             self._launch(entry, stream, args)
         entry.info = provenance.describe(res, launched.cubin_from, launched.cubin_class)
         if key is not None:

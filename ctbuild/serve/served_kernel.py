@@ -22,6 +22,7 @@ from ..keys import kernel_compile_key
 from ..signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weaken
 from ..space import Config
 from .kernel_store import KernelStore
+from .ledger import LEDGER
 
 if TYPE_CHECKING:
     from ..declare import TunedKernel
@@ -115,6 +116,7 @@ class CubinSource:
                 log.warning("%s: cached symbol %s differs from %s; treating as a miss",
                             tuned.name, hit.symbol, sig.symbol)
                 continue
+            LEDGER.saved("compile", (getattr(hit, "meta", None) or {}).get("compile_seconds"))
             return hit.cubin, hit.symbol, weakening.cls
         return None
 
@@ -153,7 +155,8 @@ class ServedKernel(ServingKernel):
         """The most specialised cached CUBIN covering the launch, else the miss handler's."""
         if self.pinned:
             self._check_pin(signature)
-        found = self.source.lookup_class(self.tuned, self.config, signature, str(arch))
+        with LEDGER.first("cubin_load"):
+            found = self.source.lookup_class(self.tuned, self.config, signature, str(arch))
         if found is not None:
             cubin, symbol, cls = found
             STATS.add(hits=1, **{cls: 1})
