@@ -124,7 +124,14 @@ def _resolve(kernel: str, record: dict[str, Any], arch: str, gpu: str) -> int:
     return 1
 
 
+#: The preload ``CTBUILD_PRELOAD=1`` started at import (``FROM_ENV.wait()`` waits for it).
+FROM_ENV: Preload | None = None
+
+
 def start_from_env() -> Preload | None:
     """``CTBUILD_PRELOAD=1``: start a background preload (at ``import ctbuild``)."""
+    global FROM_ENV
     from ..settings import env_flag
-    return preload() if env_flag(PRELOAD_ENV) else None
+    if env_flag(PRELOAD_ENV) and FROM_ENV is None:
+        FROM_ENV = preload()
+    return FROM_ENV
