@@ -49,6 +49,9 @@ class ServeStats:
                 setattr(self, name, getattr(self, name) + n)
 
 
+#: Most `CubinSource.candidates` lists one source remembers.
+MAX_CANDIDATE_LISTS = 4096
+
 #: Process-wide counters of served kernels.
 STATS = ServeStats()
 
@@ -67,6 +70,9 @@ class CubinSource:
     store: KernelStore | None
     toolchain_fp: str | None
     on_miss: MissHandler | None = None
+    #: `candidates` by (kernel, config, exact symbol, arch): resolving a call and serving its
+    #: launch ask for the same list, and mangling each weakened signature costs ~0.1 ms.
+    _candidates: dict[tuple, list] = field(default_factory=dict, repr=False)
 
     def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str) -> str:
         """The compile key of the exact CUBIN for ``signature``."""
@@ -79,11 +85,21 @@ class CubinSource:
         """(weakening, weakened signature, compile key) to try for a call, most specialised
         first: exact, relaxed under each declared dynamic pattern, generic."""
         name = tuned.pyfunc.__name__
+        # The mangled symbol spells the whole signature (the dispatcher's come unmangled).
+        symbol = getattr(signature, "symbol", None) or \
+            signature.with_mangled_symbol(name).symbol
+        memo = (tuned.name, tuned.fingerprint, cfg, symbol, arch)
+        found = self._candidates.get(memo)
+        if found is not None:
+            return found
         out = []
         for weakening in lattice(dynamic_patterns(tuned, cfg)):
             sig = weaken(signature, weakening, name)
             out.append((weakening, sig, kernel_compile_key(tuned, cfg, sig, arch,
                                                            self.toolchain_fp or "")))
+        if len(self._candidates) >= MAX_CANDIDATE_LISTS:
+            self._candidates.clear()
+        self._candidates[memo] = out
         return out
 
     def covering(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
