@@ -138,11 +138,12 @@ class KernelRuntime:
 
     def _add_layout(self, entry: Entry, args: tuple) -> None:
         """Serve calls of exactly ``args``'s layout with ``entry`` from the C form's table
-        (under the lock; a full table starts over with the memo)."""
+        (under the lock). A full table starts over with the memo, without ``entry`` (its rows
+        are folded into totals; the next call of its layout resolves it again)."""
         if self._table is None:
             return
         if len(self._table) >= MAX_FAST_ENTRIES:
-            self._retire()
+            return self._retire()
         try:
             slot = self._table.add(args, entry, entry.grid, entry.kernel, entry.hot_tail,
                                    entry.device)
