@@ -88,7 +88,7 @@ def _load(names: set[str] | None) -> dict[str, Any]:
                           "passed to configure, or without this toolchain)"
         return report
     chosen = sorted((r["kernel"], key, r) for key, r in reader.tuning_records()
-                    if r.get("arch") == arch and r.get("gpu") == gpu
+                    if r.get("arch") == arch and r.get("gpu", gpu) == gpu
                     and r.get("toolchain", ctx.toolchain_fp) == ctx.toolchain_fp
                     and (names is None or r["kernel"] in names))
     for kernel, key, record in chosen:
