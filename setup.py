@@ -1,7 +1,7 @@
-"""The package's one C module, the hot path's layout guard (`ctbuild/serve/layout_guard.py`).
+"""The package's one C module, the hot path's C form (`ctbuild/serve/hot_path.py`).
 
 Everything else is declared in pyproject.toml. The module is optional: where no C compiler or
-no Python headers are found it is skipped with a warning, and the runtime uses torch's guards.
+no Python headers are found it is skipped with a warning, and the runtime uses the Python form.
 """
 from setuptools import Extension, setup
 

@@ -9,13 +9,31 @@ Declare next to the kernel::
 then ``ctbuild precompile`` (CPU, container build), ``ctbuild tune`` (one GPU) and call
 ``matmul(a, b, c)`` at run time. Importing this package imports neither Ray nor the farm.
 """
-from .arch import Arch
-from .declare import DeclarationError, TunedKernel, autotune, registered
-from .dims import Dim
-from .keys import key, pow2
-from .space import Config, Configs, Product, Zip
-from .specs import Scalar, Tensor, Workload
+import time as _time
+
+_IMPORT_START = _time.perf_counter()
+
+from .arch import Arch  # noqa: E402
+from .declare import DeclarationError, TunedKernel, autotune, registered  # noqa: E402
+from .dims import Dim  # noqa: E402
+from .keys import key, pow2  # noqa: E402
+from .space import Config, Configs, Product, Zip  # noqa: E402
+from .specs import Scalar, Tensor, Workload  # noqa: E402
 
 __version__ = "0.1.0"
+#: Seconds ``import ctbuild`` took (the cold-start ledger's first phase).
+IMPORT_SECONDS = _time.perf_counter() - _IMPORT_START
+
+
+def _preload_from_env() -> None:
+    """``CTBUILD_PRELOAD=1``: read this GPU's tuned CUBINs on a thread from now on."""
+    import os
+    if os.environ.get("CTBUILD_PRELOAD"):
+        from .serve.preload import start_from_env
+        start_from_env()
+
+
+_preload_from_env()
+
 __all__ = ["Arch", "Config", "Dim", "Configs", "DeclarationError", "Product", "Scalar", "Tensor",
            "TunedKernel", "Workload", "Zip", "autotune", "key", "pow2", "registered"]

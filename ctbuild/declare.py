@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import time
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -310,12 +311,15 @@ class TunedKernel:
         if runtime is None:
             with _RUNTIME_LOCK:  # many first calls at once must share one runtime
                 if self._runtime is None:
+                    t0 = time.perf_counter()
                     from .serve.kernel_runtime import KernelRuntime
+                    from .serve.ledger import LEDGER
+                    LEDGER.imported(time.perf_counter() - t0)
                     self._runtime = KernelRuntime(self)
                 runtime = self._runtime
         return runtime
 
-    # The call goes straight to the runtime's code for the arguments' kinds (`serve.hot_call`):
+    # The call goes straight to the runtime's hot-path form (`serve.hot_path`):
     # the getter is C, so no frame of this class runs in between (a method forwarding the
     # call cost 0.1-0.2 us).
     __call__ = property(attrgetter("_call"), doc="``kernel(*args, **kwargs)``: launch the "

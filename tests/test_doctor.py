@@ -98,4 +98,4 @@ def test_doctor_says_which_hot_path_runs_and_why(tmp_path: Path, monkeypatch) ->
     finally:
         monkeypatch.undo()
         layout_guard.native_guard.cache_clear()
-    assert off.startswith("Python with torch's guards") and "CTBUILD_NATIVE_GUARD=0" in off
+    assert off.startswith("Python (keys)") and "CTBUILD_NATIVE_GUARD=0" in off

@@ -1,5 +1,6 @@
-"""The hot path asks the entry it served last first (`layout_guard`), on a CPU with the launch
-stubbed: a repeated layout skips the key lookup, and no other layout is ever served by it."""
+"""The hot path's two forms (`hot_path`), on a CPU with the launch stubbed: the C form finds a
+call's entry by its exact layout with no key lookup whatever the call before was, the Python
+form by its key; neither ever serves a layout with another layout's entry."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +14,7 @@ from conftest import can_build_c, count_slow_calls  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 from ctbuild.serve import layout_guard  # noqa: E402
-from ctbuild.serve.layout_guard import MAX_REGUARDS, guard_plan, make_guard, never  # noqa: E402
+from ctbuild.serve.layout_guard import guard_plan, new_table  # noqa: E402
 from ctbuild.specs import Tensor  # noqa: E402
 
 KERNELS = load_examples()
@@ -43,24 +44,20 @@ def _warm(name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, tuple, 
     return tuned, rt, args, slow, lookups
 
 
-@pytest.fixture(params=["C", "torch"])
-def guard_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Each test runs with the C guard (where it is built) and with torch's guards."""
+@pytest.fixture(params=["C", "Python"])
+def form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each test runs with the C form (where it is built) and with the Python form."""
     monkeypatch.setenv("CTBUILD_NATIVE_GUARD", "1" if request.param == "C" else "0")
     layout_guard.native_guard.cache_clear()
     if layout_guard.kind() != request.param:
-        pytest.skip(f"the {request.param} guard is not available here")
+        pytest.skip(f"the {request.param} form is not available here")
     yield request.param
     layout_guard.native_guard.cache_clear()
 
 
-@pytest.fixture
-def torch_guards(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """torch's guards, whether or not the C guard is built."""
-    monkeypatch.setenv("CTBUILD_NATIVE_GUARD", "0")
-    layout_guard.native_guard.cache_clear()
-    yield
-    layout_guard.native_guard.cache_clear()
+def _c_only() -> None:
+    if layout_guard.kind() != "C":
+        pytest.skip("the C module is not built here")
 
 
 def test_the_c_guard_is_built_where_a_c_compiler_is() -> None:
@@ -71,56 +68,81 @@ def test_the_c_guard_is_built_where_a_c_compiler_is() -> None:
     assert layout_guard.native_guard() is not None, "the C guard was not built: pip install -e ."
 
 
-def test_guards_tell_exact_layouts_apart(guard_kind: str) -> None:
-    assert layout_guard.available()
+def test_a_table_tells_exact_layouts_apart() -> None:
+    _c_only()
     x = torch.zeros(4, 8, dtype=torch.float16)
     plan = guard_plan((x, 1e-6, None, True))
     assert plan == ((0,), (1, 2, 3))
     assert guard_plan((x, (1, 2))) is None and guard_plan((1.0, 2)) is None
-    guard, scalars = make_guard((x,), ((0,), ()))
-    assert scalars == () and guard(x) and guard(torch.ones(4, 8, dtype=torch.float16))
+    table = new_table((x, 1e-6), ((0,), (1,)))
+    hot = table.add((x, 1e-6), "entry", (1,), "kernel", (), 0)
+    assert len(table) == 1 and hot.entry == "entry" and hot.calls == 0
+    assert table.add((torch.ones(4, 8, dtype=torch.float16), 1e-6), "other", (1,), "k", (), 0) \
+        is hot  # the same layout: the entry already there
+    assert table.find(torch.ones(4, 8, dtype=torch.float16), 1e-6) is hot
     others = [torch.zeros(4, 9, dtype=torch.float16), torch.zeros(4, 8),
               torch.zeros(8, 4, dtype=torch.float16).t(),
               torch.zeros(4, 16, dtype=torch.float16)[:, :8], torch.zeros(1, 4, 8)]
-    if guard_kind == "torch":  # torch's guards also check autograd; the key does not
-        others.append(torch.zeros(4, 8, dtype=torch.float16, requires_grad=True))
-    for other in others:
-        assert not guard(other)
-    assert not never(x)
-    guard, scalars = make_guard((x, 1e-6), ((0,), (1,)))
-    if guard_kind == "C":  # one call checks the scalar too
-        assert scalars == () and guard(x, 1e-6)
-        assert not any(guard(x, eps) for eps in (1e-5, 1, True, None))
-        assert not guard(x) and not guard(x, 1e-6, 1e-6) and not guard(1e-6, x)
-    else:  # the tensors only; the hot path compares (type, value)
-        assert scalars == (float, 1e-6) and guard(x)
+    assert not any(table.find(o, 1e-6) for o in others)
+    assert not any(table.find(x, eps) for eps in (1e-5, 1, True, None))
+    assert table.find(x) is None and table.find(x, 1e-6, 1e-6) is None and \
+        table.find(1e-6, x) is None
+    sizes = [torch.zeros(n, 8, dtype=torch.float16) for n in range(5, 69)]
+    slots = [table.add((t, 1e-6), n, (n,), "kernel", (), 0) for n, t in enumerate(sizes)]
+    assert [table.find(t, 1e-6) for t in sizes] == slots and len(table) == 65
+    table.clear()
+    assert len(table) == 0 and table.find(x, 1e-6) is None
 
 
-def test_the_c_guard_takes_what_it_cannot_describe_as_another_layout(guard_kind: str) -> None:
-    """A tensor DLPack cannot describe (on the meta device) gets torch's guards, and a call
-    with one is refused, not raised."""
+def test_a_tensor_dlpack_cannot_describe_is_another_layout() -> None:
+    """A tensor on the meta device: no table for such calls, and a call with one finds no
+    entry (refused, not raised)."""
+    _c_only()
     x = torch.zeros(4, 8)
-    guard, _ = make_guard((x,), ((0,), ()))
-    assert not guard(torch.zeros(4, 8, device="meta"))
-    meta_guard, _ = make_guard((torch.zeros(4, 8, device="meta"),), ((0,), ()))
-    assert meta_guard is not never and type(meta_guard) is not layout_guard.native_guard()
+    table = new_table((x,), ((0,), ()))
+    table.add((x,), "entry", (1,), "kernel", (), 0)
+    assert table.find(torch.zeros(4, 8, device="meta")) is None
+    assert new_table((torch.zeros(4, 8, device="meta"),), ((0,), ())) is None
 
 
 def test_a_repeated_layout_skips_the_key_lookup(stub_gpu: list[tuple],
-                                                monkeypatch: pytest.MonkeyPatch, guard_kind: str) -> None:
+                                                monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    """The C form finds calls of a served layout with no key lookup, whichever layout came
+    before; the Python form looks each call's key up."""
     launches = stub_gpu
     tuned, rt, args, slow, lookups = _warm("rmsnorm", monkeypatch)
     for seed in range(3):  # new tensors, the same layout
         tuned(*host_tensors(tuned.workloads[0], seed=seed))
     tuned.launch(0, *args)
-    assert lookups == [] and len(slow) == 1
-    tuned(args[0], args[1], args[2], 1e-5)  # another eps: no key either, a new entry
-    assert len(slow) == 2 and len(lookups) == 1
-    tuned(*args)  # back: the last entry (eps 1e-5) refuses, the key finds the first one
-    tuned(*args)  # ... which is asked first now
-    assert len(slow) == 2 and len(lookups) == 2
-    assert [la[3][3] for la in launches] == [1e-6] * 5 + [1e-5, 1e-6, 1e-6]
-    assert rt.provenance()["launches"] == 8
+    assert len(lookups) == (0 if form == "C" else 4) and len(slow) == 1
+    tuned(args[0], args[1], args[2], 1e-5)  # another eps: a new entry
+    assert len(slow) == 2
+    before = len(lookups)
+    for _ in range(2):
+        tuned(*args)  # back to the first entry, then again
+        tuned(args[0], args[1], args[2], 1e-5)
+    assert len(lookups) - before == (0 if form == "C" else 4) and len(slow) == 2
+    assert [la[3][3] for la in launches] == [1e-6] * 5 + [1e-5, 1e-6, 1e-5, 1e-6, 1e-5]
+    assert rt.provenance()["launches"] == 10
+
+
+def test_sizes_that_change_every_call_cost_no_key_lookup(stub_gpu: list[tuple],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 row counts cycling, each resolved once: from then on every call is found by its
+    exact layout (C form), with its own grid."""
+    _c_only()
+    tuned, rt, args, slow, lookups = _warm("rmsnorm", monkeypatch)
+    x, w, out, eps = args
+    calls = [(x[:n], w, out[:n], eps) for n in range(64, 4096, 63)][:64]
+    for c in calls:
+        tuned(*c)
+    assert len(slow) == 1 + 64
+    del lookups[:], stub_gpu[:]
+    for _ in range(3):
+        for c in calls:
+            tuned(*c)
+    assert lookups == [] and len(slow) == 65
+    assert [la[1] for la in stub_gpu] == [(c[0].shape[0],) for c in calls] * 3
 
 
 def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple]) -> None:
@@ -148,10 +170,9 @@ def test_the_last_entry_never_serves_another_layout(stub_gpu: list[tuple]) -> No
         assert grid == want_grid and kernel is want_kernel
 
 
-def test_threads_alternating_layouts_each_launch_their_own(stub_gpu: list[tuple], guard_kind: str) -> None:
-    """Four threads call one kernel with four layouts in turn, so the kernel is routed from
-    entry to entry under them all the time: every launch still carries the grid and pinned
-    kernel that resolving its own arguments gives, and every launch is counted."""
+def test_threads_alternating_layouts_each_launch_their_own(stub_gpu: list[tuple], form: str) -> None:
+    """Four threads call one kernel with four layouts in turn: every launch carries the grid
+    and pinned kernel that resolving its own arguments gives, and every launch is counted."""
     import threading
     launches = stub_gpu
     tuned = KERNELS["matmul"]
@@ -182,52 +203,31 @@ def test_threads_alternating_layouts_each_launch_their_own(stub_gpu: list[tuple]
     assert rt.provenance()["launches"] == 1200 + len(layouts)
 
 
-def test_a_guard_is_rebuilt_a_few_times_then_dropped(stub_gpu: list[tuple],
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     torch_guards: None) -> None:
-    """torch's guards (they check dispatch keys): the first call outside ``inference_mode``
-    and the rest inside: the key finds the entry its guard refused, the guard is rebuilt once
-    and serves from then on; calls alternating between the two modes drop the guard after
-    `MAX_REGUARDS` rebuilds."""
-    launches = stub_gpu
-    tuned, rt, args, slow, lookups = _warm("silu_mul", monkeypatch)
-    with torch.inference_mode():
-        for _ in range(5):
-            tuned(*args)
-    entry = dict.get(rt._fast, rt._key(*args))
-    assert tuned._call is entry.call and len(lookups) == 1 and entry.reguards == 1 and entry.guard is not never
-    for _ in range(MAX_REGUARDS):
-        tuned(*args)
-        with torch.inference_mode():
-            tuned(*args)
-    assert entry.guard is never and entry.reguards == MAX_REGUARDS + 1
-    assert len(slow) == 1 and len(launches) == 6 + 2 * MAX_REGUARDS
-    assert rt.provenance()["launches"] == len(launches)
-
-
-def test_the_c_guard_serves_inference_mode_calls_without_rebuilding(
-        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The C guard checks layouts only: calls inside and outside ``inference_mode`` are one
-    entry's own, with no key lookup and no rebuilt guard."""
-    if layout_guard.kind() != "C":
-        pytest.skip("the C guard is not built here")
+def test_inference_mode_calls_are_the_same_layout(stub_gpu: list[tuple],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C form compares layouts only: calls inside and outside ``inference_mode`` are one
+    entry's, with no key lookup."""
+    _c_only()
     tuned, rt, args, slow, lookups = _warm("silu_mul", monkeypatch)
     for _ in range(3):
         tuned(*args)
         with torch.inference_mode():
             tuned(*args)
     entry = dict.get(rt._fast, rt._key(*args))
-    assert lookups == [] and entry.reguards == 0 and tuned._call is entry.call
+    assert lookups == [] and len(entry.slots) == 1
     assert entry.launches() == 7 and len(stub_gpu) == 7 and len(slow) == 1
 
 
-def test_a_call_racing_a_memo_reset_leaves_no_stale_last_entry(
-        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another thread drops the memo (`_retire`) while a call is between its key lookup and
-    noting the entry it found: the note goes to the old generation's cell, so later calls are
-    served from the new memo and counted (not by the dropped entry)."""
+def test_a_call_racing_a_memo_reset_is_counted(stub_gpu: list[tuple],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread drops the memo (`_retire`) while a call the table missed is between its
+    key lookup and adding its layout to the table: nothing is added to the new generation, and
+    every later call is served and counted."""
+    _c_only()
     tuned, rt, args, slow, _ = _warm("rmsnorm", monkeypatch)
-    tuned(args[0], args[1], args[2], 1e-5)  # the last entry is now another one
+    x, w, out, eps = args
+    # The same key, but not the table's: a tensor of another type.
+    other = (x, torch.nn.Parameter(w, requires_grad=False), out, eps)
 
     class RetiringDict(dict):
         def __getitem__(self, key: Any) -> Any:
@@ -237,37 +237,37 @@ def test_a_call_racing_a_memo_reset_leaves_no_stale_last_entry(
             return found
 
     rt._fast = RetiringDict(rt._fast)
-    tuned(*args)  # the key finds the first entry; the memo is dropped meanwhile
+    tuned(*other)  # the key finds the entry; the memo is dropped meanwhile
     counted = rt.provenance()["launches"]
     for _ in range(5):
         tuned(*args)
-    assert tuned._call in [e.call for e in rt._fast.values()] and len(slow) == 3
-    assert rt.provenance()["launches"] == counted + 5 and len(stub_gpu) == 8
+    assert len(rt._table) == 1 and len(slow) == 2
+    assert rt.provenance()["launches"] == counted + 5 and len(stub_gpu) == 7
 
 
 def test_an_entry_serves_its_layout_with_its_own_constants(stub_gpu: list[tuple],
-                                                          monkeypatch: pytest.MonkeyPatch
-                                                          , guard_kind: str) -> None:
-    """Once served, a layout's calls go to its entry's own functions (by call and by
-    ``launch``); a scalar of another type leaves them for the key and another entry."""
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          form: str) -> None:
+    """A layout's calls, by call and by ``launch``, go to its entry; a scalar of another type
+    is another entry."""
     launches = stub_gpu
     tuned, rt, args, slow, lookups = _warm("rmsnorm", monkeypatch)
     entry = dict.get(rt._fast, rt._key(*args))
-    assert tuned._call is entry.call and tuned._launch is entry.launch
     tuned(*args)
     tuned.launch(7, *args)
-    assert lookups == [] and launches[-1][0] == 7 and entry.launches() == 3
+    assert launches[-1][0] == 7 and entry.launches() == 3
     tuned(args[0], args[1], args[2], 1)  # an int eps: another key, another entry
-    assert len(slow) == 2 and tuned._call is not entry.call
-    tuned(*args)  # keyed once, then served by its entry again
+    assert len(slow) == 2
     tuned(*args)
-    assert tuned._call is entry.call and entry.launches() == 5 and len(lookups) == 2
+    tuned(*args)
+    assert entry.launches() == 5
     assert [type(la[3][3]) for la in launches] == [float] * 3 + [int] + [float] * 2
+    assert all(la[1] == (4096,) and la[3][4] == 4096 for la in launches)
 
 
 def test_keywords_reach_the_entry_by_call_and_by_launch(stub_gpu: list[tuple],
                                                         monkeypatch: pytest.MonkeyPatch,
-                                                        guard_kind: str) -> None:
+                                                        form: str) -> None:
     """Keyword arguments (the stream among them, for ``launch``) are bound and served by the
     layout's entry; a ``launch`` without a stream is a TypeError, launching nothing."""
     launches = stub_gpu
@@ -285,9 +285,9 @@ def test_keywords_reach_the_entry_by_call_and_by_launch(stub_gpu: list[tuple],
 
 
 def test_a_cutile_refusing_raw_stream_handles_gets_stream_objects(
-        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch, guard_kind: str) -> None:
-    """An entry armed with the raw stream getter that cuTile then refuses: the runtime
-    switches to stream objects once, re-arms its entries, and no later call is refused."""
+        stub_gpu: list[tuple], monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    """A form made with the raw stream getter that cuTile then refuses: the runtime switches
+    to stream objects once, makes its form again, and no later call is refused."""
     import ctbuild.serve.kernel_runtime as rtmod
     launches, refused, refusing = stub_gpu, [], []
 
@@ -297,7 +297,7 @@ def test_a_cutile_refusing_raw_stream_handles_gets_stream_objects(
             raise TypeError("launch() expected a stream object")
         launches.append((stream, *rest))
 
-    # Launched with from the first call on (the hot path's code keeps what it was made with).
+    # Launched with from the first call on (the C form keeps what it was made with).
     monkeypatch.setattr(rtmod.ct, "launch", launch)
     monkeypatch.setattr(rtmod, "current_stream_object", lambda device: "stream object")
     tuned, rt, args, slow, _ = _warm("silu_mul", monkeypatch)
@@ -327,12 +327,12 @@ def test_tile_volume_counts_a_tile_shape_passed_as_a_tuple_constant() -> None:
 
 
 def test_the_c_call_code_keeps_no_reference_on_any_of_its_paths() -> None:
-    """The C call object on its four paths (launch, refused, keywords, launch error), 2000
-    times each: no reference to the arguments, the stream or the tail is kept or lost."""
+    """The C call object on its five paths (launch, miss, keywords, launch error, the
+    runtime's launch), 2000 times each: no reference to the arguments, the stream or the tail
+    is kept or lost."""
     import sys
-    if layout_guard.kind() != "C":
-        pytest.skip("the C guard is not built here")
-    from ctbuild.serve._fast_path import ArmedCall, LayoutCheck
+    _c_only()
+    from ctbuild.serve._fast_path import HotCall
     t, eps, stream, tail = torch.zeros(4), 1.5, object(), (object(),)
     seen: list[str] = []
     fail = []
@@ -342,22 +342,28 @@ def test_the_c_call_code_keeps_no_reference_on_any_of_its_paths() -> None:
         if fail:
             raise RuntimeError("launch failed")
 
-    armed = ArmedCall("entry", LayoutCheck((t, eps), (0,), (1,)), (1,), "kernel", tail, 0,
-                      lambda device: stream, launch,
-                      lambda args, entry: seen.append("refused"),
-                      lambda s, args, kwargs: seen.append("keywords"),
-                      lambda exc, entry, s, args: seen.append("failed"), False)
+    table = new_table((t, eps), ((0,), (1,)))
+    slot = table.add((t, eps), "entry", (1,), "kernel", tail, 0)
+    hot = HotCall(table, lambda device: stream, launch,
+                  lambda s, args: seen.append("miss"),
+                  lambda s, args, kwargs: seen.append("keywords"),
+                  lambda exc, entry, s, args: seen.append("failed"),
+                  lambda entry, s, args: seen.append("runtime"), False)
 
     def counts() -> list[int]:
         return [sys.getrefcount(o) for o in (t, eps, stream, tail, tail[0])]
 
     before = counts()
     for _ in range(2000):
-        armed(t, eps)
-        armed(t, 2.5)
-        armed(t, eps=eps)
+        hot(t, eps)
+        hot(t, 2.5)
+        hot(t, eps=eps)
     fail.append(True)
     for _ in range(2000):
-        armed(t, eps)
-    assert counts() == before and armed.calls == 2000
-    assert seen == ["refused", "keywords"] * 2000 + ["failed"] * 2000
+        hot(t, eps)
+    table.add((t, 3.5), "entry", (1,), "kernel", None, 0)
+    for _ in range(2000):
+        hot(t, 3.5)
+    table.clear()
+    assert counts() == before and slot.calls == 2000
+    assert seen == ["miss", "keywords"] * 2000 + ["failed"] * 2000 + ["runtime"] * 2000

@@ -29,8 +29,9 @@ NOT_CORE = {"ctbuild", "ctbuild.__main__", "ctbuild.cli", "ctbuild.runtime"}
 ALLOWED_LAZY = {
     # CTBUILD_MODE=tune: a miss tunes online with the `ctbuild tune` engine
     ("ctbuild.serve.online_tune", "ctbuild.tune.tuner"),
-    # a declared kernel creates its runtime on its first call
+    # a declared kernel creates its runtime on its first call (the cold-start ledger times it)
     ("ctbuild.declare", "ctbuild.serve.kernel_runtime"),
+    ("ctbuild.declare", "ctbuild.serve.ledger"),
     # imported before a project's paths can shadow it (a project module named `build`...)
     ("ctbuild.project", "ctbuild.build.compiler"),
 }

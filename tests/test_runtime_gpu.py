@@ -307,6 +307,51 @@ def test_hot_path_reuses_the_entry(warm_cache: Path) -> None:
     assert silu.runtime.provenance()["launches"] == 20
 
 
+def test_served_kernels_are_captured_in_a_cuda_graph_and_replayed(warm_cache: Path) -> None:
+    """Every example captured with ``torch.cuda.graph`` (warmed on a side stream first, as
+    torch asks) and replayed on new inputs copied into the captured tensors: each replay
+    matches torch, and nothing is resolved or launched outside the graph meanwhile."""
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    for name, tuned in KERNELS.items():
+        static, _ = gpu_case(tuned)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            tuned(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tuned(*static)
+        for seed in (1, 2):
+            fresh, expected = gpu_case(tuned, seed=seed)
+            for dst, src in zip(static, fresh):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
+            graph.replay()
+            torch.cuda.synchronize()
+            check(name, static, expected)
+        assert len(tuned.runtime._entries) == 1 and tuned.runtime.provenance()["launches"] == 2
+
+
+def test_a_preloaded_kernel_is_served_from_memory(warm_cache: Path) -> None:
+    """`runtime.preload` holds every tuned CUBIN of this GPU; the first calls then read none
+    from disk, and their results are correct."""
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    report = runtime.preload(background=False).wait()
+    assert report["records"] >= len(KERNELS) and report["cubins"] == report["records"]
+    assert report["resolved"] == report["records"] and report["bytes"] > 0
+    store = runtime.context().store
+    reads: list[str] = []
+    original = store._rows
+    store._rows = lambda ns, *a: (reads.append(ns), original(ns, *a))[1]
+    for name, tuned in KERNELS.items():
+        args, expected = gpu_case(tuned)
+        tuned(*args)
+        torch.cuda.synchronize()
+        check(name, args, expected)
+    assert reads == []
+
+
 def test_an_alignment_the_key_does_not_hold_is_caught_and_served_by_its_class(
         warm_cache: Path) -> None:
     """C at an address 2 bytes off 16, same shape, strides and dtype: the hot-path key matches

@@ -17,7 +17,7 @@ from ..toolchain import (
     select_recorded,
     stripped_env_vars,
 )
-from .common import print_json
+from .common import fail, print_json
 
 EPILOG = """\
 exit status: 0 when the machine can do its job, 1 otherwise (each problem is printed).
@@ -41,6 +41,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--serving", action="store_true",
                    help="check a serving node (precompiled kernels only, no tileiras needed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--ledger", metavar="PATH",
+                   help="print the cold-start ledger a serving process wrote to PATH "
+                        "(CTBUILD_LEDGER=PATH): time per phase of its first call, and the "
+                        "tuning and compile seconds its cache saved")
     p.set_defaults(run=run)
 
 
@@ -95,7 +99,25 @@ def _serving_problems(cache: Path, report: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _ledger(args: argparse.Namespace) -> int:
+    """Print a cold-start ledger file (see `ctbuild.serve.ledger`)."""
+    import json
+
+    from ..serve.ledger import format_ledger
+    try:
+        data = json.loads(Path(args.ledger).read_text())
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        return fail(f"cannot read the ledger {args.ledger} ({exc}); run the service once with "
+                    f"CTBUILD_LEDGER={args.ledger} to write it")
+    print_json(data) if args.json else print(format_ledger(data))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.ledger:
+        return _ledger(args)
     report: dict[str, Any] = {"cuda_tile": cutile_version(), "problems": []}
     try:
         path, uses_home = find_tileiras()

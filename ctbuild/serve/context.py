@@ -13,13 +13,16 @@ from typing import Any
 
 from ..arch import Arch
 from ..settings import CACHE_DIR_ENV, verify_mode
+from .cache_reader import CacheReader
 from .kernel_store import KernelStore
+from .ledger import LEDGER
 from .miss_policy import (
     MissPolicy,
     RuntimeConfigError,
     Settings,
     parse_mode,
     serve_without_toolchain,
+    tunes_online,
 )
 from .misses import MissLog, note_damage
 from .served_kernel import STATS, CubinSource
@@ -43,12 +46,13 @@ class RuntimeContext:
         self.mode = self.settings.mode
         self.misses = MissLog(record=self.settings.record)
         note_damage(self.cache_dir, None)
-        self.store = store if store is not None else self._open_store()
-        if self.store is not None:
-            self.store.on_damage = self._on_damage
-            if self.store.damage is not None:
-                self._on_damage(self.store.damage)
-        self.toolchain_fp = self._select_toolchain()
+        with LEDGER.first("cache_open"):
+            self.store = store if store is not None else self._open_store()
+            if self.store is not None:
+                self.store.on_damage = self._on_damage
+                if self.store.damage is not None:
+                    self._on_damage(self.store.damage)
+            self.toolchain_fp = self._select_toolchain()
         self.write_back = WriteBack(self.store, self.toolchain_fp, self.cache_dir)
         self.policy = MissPolicy(self.mode, self.misses, self.cache_dir, self.toolchain_fp,
                                  self.write_back)
@@ -79,12 +83,18 @@ class RuntimeContext:
                 "can serve nothing")
 
     def _open_store(self) -> KernelStore | None:
-        """The cache's store; None (every lookup a miss) where there is no directory: resolving
-        and explaining create none, and an empty new cache could serve nothing anyway."""
+        """The cache: read directly (`cache_reader`) unless this mode tunes online (it writes
+        records) or the directory is not a readable cache yet, then a `cache.Store`; None (every
+        lookup a miss) where there is no directory: resolving and explaining create none, and an
+        empty new cache could serve nothing anyway."""
         if not self.cache_dir.is_dir():
             log.warning("ctbuild: no cache at %s: every lookup is a miss (set %s or cache_dir "
                         "in ctbuild.toml to the built cache)", self.cache, CACHE_DIR_ENV)
             return None
+        if not tunes_online(self.mode):
+            reader = CacheReader.open(self.cache_dir)
+            if reader is not None:
+                return reader
         from cache import Store
         from cache.layout import LAYOUT_FILE
         # A directory that holds no cache yet (an empty volume) is opened read-only: it can
@@ -132,7 +142,8 @@ class RuntimeContext:
         info = self._devices.get(device)
         if info is None:
             import torch
-            major, minor = torch.cuda.get_device_capability(device)
+            with LEDGER.first("cuda_context"):
+                major, minor = torch.cuda.get_device_capability(device)
             info = (str(Arch.from_capability(major, minor)), torch.cuda.get_device_name(device))
             self._devices[device] = info
         return info

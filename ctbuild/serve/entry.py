@@ -5,19 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .layout_guard import never
 from .served_kernel import ServedKernel
 
 
 class Entry:
     """A resolved call layout: grid, served kernel, the recipe of the kernel arguments, the
     device, the ``reset_to_zero`` positions, a launch count, what resolved it (``info``,
-    filled after its first launch, for provenance) and, where the runtime guards its calls,
-    the guard and scalars that recognise a call of exactly its first call's layout
-    (`layout_guard`) and its own ``call`` and ``launch`` (`hot_call.HotPath.arm`), with the
-    C objects among them that count their own launches (``armed``)."""
+    filled after its first launch, for provenance) and, where the C form serves it, its exact
+    layouts in the kernel's table (``slots``: `_fast_path.HotEntry`, each counting the
+    launches it made)."""
     __slots__ = ("grid", "kernel", "tail", "hot_tail", "recipe", "rebuild", "device", "zero",
-                 "calls", "info", "guard", "scalars", "reguards", "call", "launch", "armed")
+                 "calls", "info", "slots")
 
     def __init__(self, grid: tuple[int, ...], kernel: ServedKernel, call_args: tuple,
                  kernel_args: tuple, rebuild: Callable[[tuple], tuple], device: int,
@@ -29,17 +27,12 @@ class Entry:
         self.rebuild = rebuild
         self.calls = 0
         self.info: dict[str, Any] = {}
-        self.guard: Callable[..., bool] = never
-        self.scalars: tuple = ()
-        self.reguards = 0
-        self.call: Callable[..., None] | None = None
-        self.launch: Callable[..., None] | None = None
-        self.armed: list[Any] = []
+        self.slots: list[Any] = []
 
     def launches(self) -> int:
-        """Launches of this entry: counted in Python, and by each C call object it had (one
-        keeps counting calls in flight while it is replaced, so none is folded away)."""
-        return self.calls + sum(a.calls for a in self.armed)
+        """Launches of this entry: counted in Python, and by each of its table slots (a slot
+        the table dropped keeps counting calls in flight, so none is folded away)."""
+        return self.calls + sum(s.calls for s in self.slots)
 
     def build(self, args: tuple) -> tuple:
         """The kernel arguments of a call with these call arguments."""

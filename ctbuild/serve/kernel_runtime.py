@@ -1,11 +1,10 @@
 """The hot path: launch a declared kernel warm from the cache.
 
-``matmul(a, b, c)`` (current torch stream) or ``matmul.launch(stream, a, b, c)`` runs code
-generated for the call's argument kinds (`hot_call`): the functions of the entry served last,
-which ask whether the call has exactly its layout (`layout_guard`, one C call) and launch it;
-if not, one flat key of the call (`live_args.key_expression`), inline, looks up an `Entry`,
-which is launched and serves the next call first. No Workload, no declared key/grid/args
-function, no cache access, no lock.
+``matmul(a, b, c)`` (current torch stream) or ``matmul.launch(stream, a, b, c)`` runs the hot
+path's form for the call's argument kinds (`hot_path`, where its forms and routing are
+documented): the C form finds the call's `Entry` by its exact layout in the kernel's table, the
+Python form by one flat key of the call (`live_args.key_expression`); either launches it. No
+Workload, no declared key/grid/args function, no cache access, no lock.
 
 The key holds per tensor what the kernel's declared functions read of it (`declaration_reads`:
 for most, shape, dtype and contiguity; strides when they read strides), per scalar its type
@@ -16,7 +15,7 @@ and from then on the kernel's keys hold strides and pointer % 16 too (`KEY_LEVEL
 
 A call without an entry takes the slow path under the kernel's lock: `resolve` (winner, CUBIN,
 grid, arguments; the miss policy on a miss), then `_launch` (the general form of the hot
-path's launch), then the entry is published. Importing this module imports neither Ray nor the
+path's launch), then the entry is published in the memo and the table. Importing this module imports neither Ray nor the
 farm.
 """
 from __future__ import annotations
@@ -33,10 +32,12 @@ from .context import RuntimeContext, configure, context, reset, stats
 from .declaration_reads import KEY_LEVELS
 from .entry import Entry
 from .errors import KernelCallError, reraise_named
-from .hot_call import HotPath
-from .layout_guard import MAX_REGUARDS, GuardPlan, guard_plan, make_guard, never
+from .hot_path import c_forms, python_forms
+from .layout_guard import guard_plan, new_table
+from .ledger import LEDGER
 from .live_args import make_key_fn
 from .miss_policy import CacheMissError, RuntimeConfigError
+from .preload import preload
 from .resolve import Resolved, Resolver, explanation
 from .served_kernel import LayoutChanged, ServedKernel
 from .streams import (
@@ -52,10 +53,10 @@ if TYPE_CHECKING:
     from ..space import Config
 
 __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError",
-           "RuntimeConfigError", "configure", "context", "reset", "stats"]
+           "RuntimeConfigError", "configure", "context", "preload", "reset", "stats"]
 
-#: Drop the hot-path memo (and fold its provenance rows into totals) of a kernel when it grows
-#: past this (e.g. a scalar that varies).
+#: Drop the hot-path memo and table (and fold their provenance rows into totals) of a kernel
+#: when either grows past this (e.g. a scalar that varies).
 MAX_FAST_ENTRIES = 4096
 
 
@@ -72,8 +73,7 @@ class KernelRuntime:
         self.resolver = Resolver(tuned, self.ctx)
         self._lock = self.resolver.lock
         self._fast: dict[tuple, Entry] = {}  # the hot-path memo: key -> entry
-        self._hot: HotPath | None = None  # the code serving calls of the memo's kinds
-        self._guard: GuardPlan | None = None  # how that code guards entries (None: no)
+        self._table: Any = None  # the C form's entries by exact layout (None: Python form)
         self._entries: list[Entry] = []
         self._retired: Counter = Counter()  # provenance totals of rows `_retire` dropped
         self._zero_idx = tuple(tuned.params.index(n) for n in tuned.reset_to_zero)
@@ -81,9 +81,8 @@ class KernelRuntime:
         self._multi_gpu = visible_gpus() != 1
         self._key: Any = _no_key
         self._keys = KEY_LEVELS[0]  # what keys hold: `declaration_reads.KEY_LEVELS`
-        #: ``kernel(*args, **kwargs)`` and ``kernel.launch(stream, ...)`` while no entry
-        #: serves them (the kernel calls those of its current entry directly): the slow path
-        #: until a call is keyed, then code generated for the arguments' kinds (`hot_call`).
+        #: ``kernel(*args, **kwargs)`` and ``kernel.launch(stream, ...)`` (the kernel calls
+        #: them directly): the slow path until a call is keyed, then a form of `hot_path`.
         self.call: Callable[..., None] = self._call_first
         self.launch: Callable[..., None] = self._launch_first
 
@@ -97,20 +96,6 @@ class KernelRuntime:
     def _launch_first(self, stream: Any, *args: Any, **kwargs: Any) -> None:
         """``launch`` before any call was keyed: the slow path."""
         self.with_keywords(stream, args, kwargs) if kwargs else self._first_call(stream, args)
-
-    def switch(self, entry: Entry, memo: dict) -> None:
-        """Route the kernel's calls to ``entry``'s functions, found in ``memo``.
-
-        No lock: when the memo started over meanwhile (``memo`` is not the runtime's any
-        more), the kernel is routed back to the runtime's functions. `_new_memo` sets those
-        before the new memo and routes to them after it, so whichever route comes last, the
-        kernel never stays with an entry of a dropped memo (which would launch correctly but
-        count its calls nowhere)."""
-        call, launch = entry.call, entry.launch
-        assert call is not None and launch is not None  # only armed entries are switched to
-        self.tuned.route(self, call, launch)
-        if self._fast is not memo:
-            self.tuned.route(self, self.call, self.launch)
 
     def with_keywords(self, stream: Any, args: tuple, kwargs: dict) -> None:
         """A call with keyword arguments: bind them to positions, then the hot path."""
@@ -129,7 +114,7 @@ class KernelRuntime:
     def launch_failed(self, exc: Exception, entry: Entry, stream: Any, args: tuple) -> None:
         """A hot-path launch raised: a layout its pinned kernel refuses takes the slow path
         with alignment-holding keys; a cuTile refusing raw stream handles gets torch streams
-        from now on (an entry armed before that switch lands here too); anything else is
+        from now on (a form made before that switch lands here too); anything else is
         raised naming the kernel."""
         if type(exc) is LayoutChanged:
             return self._first_call(stream, args, keys="alignment")
@@ -138,22 +123,34 @@ class KernelRuntime:
             return self.launch_entry(entry, stream, args)
         reraise_named(exc, self.tuned)
 
-    def reguard(self, entry: Entry, args: tuple, memo: dict) -> None:
-        """The hot path found ``entry`` in ``memo`` by its key after its guard refused the
-        call (same key, other strides of a size-1 dim, say, or another ``inference_mode``):
-        guard it with this call's layout, a few times at most
-        (`layout_guard.MAX_REGUARDS`), and let it serve the next call first again."""
-        entry.reguards += 1
-        plan = self._guard
-        entry.guard, entry.scalars = make_guard(args, plan) if plan is not None and \
-            entry.reguards <= MAX_REGUARDS else (never, ())
-        self._arm(entry)
-        self.switch(entry, memo)
+    def table_miss(self, stream: Any, args: tuple) -> None:
+        """The C form found no entry of this exact layout: the key finds the entry (another
+        exact layout of one key: added to the table), else the slow path."""
+        memo = self._fast
+        try:
+            entry = memo[self._key(*args)]
+        except Exception:  # a new layout (KeyError) or other argument kinds
+            return self._first_call(stream, args)
+        with self._lock:
+            if self._fast is memo:  # not dropped meanwhile (`_retire`)
+                self._add_layout(entry, args)
+        self.launch_entry(entry, stream, args)
 
-    def _arm(self, entry: Entry) -> None:
-        """Give ``entry`` its own functions where the hot path guards entries."""
-        if self._hot is not None and self._hot.guarded:
-            self._hot.arm(entry, self._stream_of)
+    def _add_layout(self, entry: Entry, args: tuple) -> None:
+        """Serve calls of exactly ``args``'s layout with ``entry`` from the C form's table
+        (under the lock). A full table starts over with the memo, without ``entry`` (its rows
+        are folded into totals; the next call of its layout resolves it again)."""
+        if self._table is None:
+            return
+        if len(self._table) >= MAX_FAST_ENTRIES:
+            return self._retire()
+        try:
+            slot = self._table.add(args, entry, entry.grid, entry.kernel, entry.hot_tail,
+                                   entry.device)
+        except (TypeError, ValueError, OverflowError, RuntimeError, BufferError):
+            return  # a layout the table cannot hold: the key serves it
+        if slot.entry is entry and not any(s is slot for s in entry.slots):
+            entry.slots.append(slot)
 
     def _raw_stream_refused(self, exc: Exception, stream: Any) -> bool:
         """Whether a launch on the current stream failed because cuTile takes no raw stream
@@ -161,19 +158,17 @@ class KernelRuntime:
         return stream is None and refuses_stream(exc) and self._use_stream_objects()
 
     def _use_stream_objects(self) -> bool:
-        """Launch on torch stream objects from now on: entries are armed again with them, and
-        the kernel's calls go to the runtime's functions until one is served. False when it
-        already did (nothing changes)."""
+        """Launch on torch stream objects from now on (the C form is made again with them).
+        False when it already did (nothing changes)."""
         if self._stream_of is current_stream_object:
             return False
         self._stream_of = current_stream_object
-        for entry in list(self._fast.values()):
-            self._arm(entry)
-        self.tuned.route(self, self.call, self.launch)
+        if self._table is not None:
+            self._route(self._forms())
         return True
 
     def _launch(self, entry: Entry, stream: Any, args: tuple) -> None:
-        """The general launch (the hot path's template inlines its common case): zero the
+        """The general launch (the hot path's forms do its common case): zero the
         ``reset_to_zero`` arguments, pick the stream, build the kernel arguments, launch; an
         error names the kernel. `LayoutChanged` (the call's signature is not its entry's;
         nothing launched) is the caller's to handle."""
@@ -206,11 +201,11 @@ class KernelRuntime:
         key = self._memo_key(args)
         entry = self._fast.get(key) if key is not None else None
         if entry is not None:  # another thread resolved this layout while we waited
-            if entry.call is not None:
-                self.switch(entry, self._fast)
+            self._add_layout(entry, args)
             return self._launch(entry, stream, args)
         try:
-            res = self.resolver.resolve(args, stream=stream)
+            with LEDGER.first("first_resolve"):
+                res = self.resolver.resolve(args, stream=stream)
         except Exception as exc:
             reraise_named(exc, self.tuned)
         need = res.keys_needed if res.signature is not None else \
@@ -225,18 +220,15 @@ class KernelRuntime:
                       partial(_kernel_args, self.tuned, res.config), res.device,
                       self._zero_idx)
         with self.ctx.policy.first_launch(self.name, res.workload_json, res.arch,
-                                          res.cubin_from, res.cubin_class) as launched:
+                                          res.cubin_from, res.cubin_class) as launched, \
+                LEDGER.first("first_launch"):
             self._launch(entry, stream, args)
         entry.info = provenance.describe(res, launched.cubin_from, launched.cubin_class)
         if key is not None:
             if len(self._fast) >= MAX_FAST_ENTRIES:
                 self._retire()
-            if self._guard is not None:
-                entry.guard, entry.scalars = make_guard(args, self._guard)
-                self._arm(entry)
             self._fast[key] = entry
-            if entry.call is not None:
-                self.switch(entry, self._fast)
+            self._add_layout(entry, args)
         self._entries.append(entry)
 
     def _retire(self) -> None:
@@ -245,16 +237,21 @@ class KernelRuntime:
         self._retired += provenance.totals(self._entries)
         self._retired["rows", "dropped"] += len(self._entries)
         self._entries = []
-        self._new_memo(self._hot)
-
-    def _new_memo(self, hot: HotPath | None) -> None:
-        """The hot-path memo starts over, its calls served by ``hot`` (None: the slow path
-        until a call is keyed). In this order: the runtime's functions, the empty memo, the
-        kernel's route (`switch` relies on it)."""
-        self._hot = hot
-        self.call, self.launch = (hot.call, hot.launch) if hot is not None else \
-            (self._call_first, self._launch_first)
         self._fast = {}
+        if self._table is not None:
+            self._table.clear()
+
+    def _forms(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """The hot path's form for the current keys: C over the table where there is one."""
+        forms = c_forms(self, self._table, self._stream_of) if self._table is not None \
+            else None
+        return forms if forms is not None else python_forms(self)
+
+    def _route(self, forms: tuple[Callable[..., None], Callable[..., None]] | None) -> None:
+        """Serve the kernel's calls with ``forms`` (None: the slow path until a call is
+        keyed)."""
+        self.call, self.launch = forms if forms is not None else \
+            (self._call_first, self._launch_first)
         self.tuned.route(self, self.call, self.launch)
 
     def _key_at_least(self, keys: str) -> bool:
@@ -262,8 +259,9 @@ class KernelRuntime:
         held, the memo starts over and this returns True."""
         if KEY_LEVELS.index(keys) <= KEY_LEVELS.index(self._keys):
             return False
-        self._keys, self._key, self._guard = keys, _no_key, None
-        self._new_memo(None)
+        self._keys, self._key, self._table = keys, _no_key, None
+        self._fast = {}
+        self._route(None)
         return True
 
     def _memo_key(self, args: tuple) -> tuple | None:
@@ -280,10 +278,12 @@ class KernelRuntime:
         except Exception:
             return None
         self._key = key_fn
-        # Exact sizes and strides decide more than keys of these levels; the weaker ones
-        # (alignment, address) are not guarded.
-        self._guard = guard_plan(args) if self._keys in KEY_LEVELS[:2] else None
-        self._new_memo(HotPath(self, args, self._multi_gpu, self._keys, self._guard))
+        # An exact layout decides more than keys of these levels; where pointers matter
+        # (alignment, address) the Python form serves.
+        plan = guard_plan(args) if self._keys in KEY_LEVELS[:2] else None
+        self._table = new_table(args, plan) if plan is not None else None
+        self._fast = {}
+        self._route(self._forms())
         return key
 
     # ---- resolution and reports (not on the hot path) ----

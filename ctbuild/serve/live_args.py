@@ -133,7 +133,7 @@ PLAIN = {int: int, float: float, bool: bool, str: str, type(None): type(None)}
 def key_expression(args: tuple, with_device: bool = True, level: str = "alignment"
                    ) -> tuple[str, str, dict[str, Any]]:
     """(parameter names, key tuple expression, namespace it needs) of the hot path's memo key
-    for calls with the kinds of these arguments; `make_key_fn` and `hot_call` compile it.
+    for calls with the kinds of these arguments; `make_key_fn` compiles it.
 
     The key is one flat tuple: for a tensor position what ``level`` names
     (`declaration_reads.KEY_LEVELS`: shape, dtype and ``is_contiguous()``; or shape, strides

@@ -63,6 +63,11 @@ def parse_mode(value: str | None) -> str:
     return mode
 
 
+def tunes_online(mode: str) -> bool:
+    """Whether a miss in this mode tunes online (and writes a tuning record)."""
+    return mode == "tune"
+
+
 @dataclass
 class Settings:
     """Runtime settings, from the environment unless given."""

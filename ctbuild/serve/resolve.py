@@ -26,6 +26,7 @@ from ..space import Config
 from ..specs import Workload
 from .declaration_reads import DeclarationReads
 from .errors import KernelCallError
+from .ledger import LEDGER
 from .live_args import device_of, workload_spec
 from .misses import workload_json
 from .online_tune import tune_online
@@ -183,6 +184,7 @@ class Resolver:
                 if self._in_space(cfg):
                     if not dry:
                         self._winners[memo_key] = (cfg, "cache")
+                        LEDGER.saved("tuning", record.seconds)
                     return cfg, "cache", record_key, tk
                 log.warning("ctbuild: kernel %r: tuning record %s names config %s, which is not "
                             "in the declared search space (stale record?); treated as a miss",

@@ -22,6 +22,7 @@ from ..keys import kernel_compile_key
 from ..signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weaken
 from ..space import Config
 from .kernel_store import KernelStore
+from .ledger import LEDGER
 
 if TYPE_CHECKING:
     from ..declare import TunedKernel
@@ -48,6 +49,9 @@ class ServeStats:
                 setattr(self, name, getattr(self, name) + n)
 
 
+#: Most `CubinSource.candidates` lists one source remembers.
+MAX_CANDIDATE_LISTS = 4096
+
 #: Process-wide counters of served kernels.
 STATS = ServeStats()
 
@@ -68,6 +72,9 @@ class CubinSource:
     on_miss: MissHandler | None = None
     #: ``CTBUILD_VERIFY=ir``: (tuned, cfg, signature, arch, key, meta) -> may it be served
     verify: Callable[..., bool] | None = None
+    #: `candidates` by (kernel, config, exact symbol, arch): resolving a call and serving its
+    #: launch ask for the same list, and mangling each weakened signature costs ~0.1 ms.
+    _candidates: dict[tuple, list] = field(default_factory=dict, repr=False)
 
     def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str) -> str:
         """The compile key of the exact CUBIN for ``signature``."""
@@ -80,11 +87,21 @@ class CubinSource:
         """(weakening, weakened signature, compile key) to try for a call, most specialised
         first: exact, relaxed under each declared dynamic pattern, generic."""
         name = tuned.pyfunc.__name__
+        # The mangled symbol spells the whole signature (the dispatcher's come unmangled).
+        symbol = getattr(signature, "symbol", None) or \
+            signature.with_mangled_symbol(name).symbol
+        memo = (tuned.name, tuned.fingerprint, cfg, symbol, arch)
+        found = self._candidates.get(memo)
+        if found is not None:
+            return found
         out = []
         for weakening in lattice(dynamic_patterns(tuned, cfg)):
             sig = weaken(signature, weakening, name)
             out.append((weakening, sig, kernel_compile_key(tuned, cfg, sig, arch,
                                                            self.toolchain_fp or "")))
+        if len(self._candidates) >= MAX_CANDIDATE_LISTS:
+            self._candidates.clear()
+        self._candidates[memo] = out
         return out
 
     def covering(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
@@ -120,6 +137,7 @@ class CubinSource:
             if self.verify is not None and not self.verify(
                     tuned, cfg, sig, arch, key, getattr(hit, "meta", None) or {}):
                 continue
+            LEDGER.saved("compile", (getattr(hit, "meta", None) or {}).get("compile_seconds"))
             return hit.cubin, hit.symbol, weakening.cls
         return None
 
@@ -158,7 +176,8 @@ class ServedKernel(ServingKernel):
         """The most specialised cached CUBIN covering the launch, else the miss handler's."""
         if self.pinned:
             self._check_pin(signature)
-        found = self.source.lookup_class(self.tuned, self.config, signature, str(arch))
+        with LEDGER.first("cubin_load"):
+            found = self.source.lookup_class(self.tuned, self.config, signature, str(arch))
         if found is not None:
             cubin, symbol, cls = found
             STATS.add(hits=1, **{cls: 1})

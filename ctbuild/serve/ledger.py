@@ -1,0 +1,112 @@
+"""The cold-start ledger: where a serving process's first call went, and what its cache saved.
+
+Per phase, the first time it happens in the process (milliseconds): ``import`` (``import
+ctbuild`` and the serving modules), ``cuda_context`` (the first query of the GPU, which makes
+torch create the CUDA context unless the program already had), ``cache_open`` (the cache and
+its toolchain), ``first_resolve`` (winner, CUBIN cover, grid and arguments of the first call),
+``cubin_load`` (the first CUBIN read from the cache and verified) and ``first_launch``
+(cuTile's launch of the first call, with the CUBIN read and the driver's module load in it).
+Beside them, ``avoided``: the tuning seconds of the records served and the compile seconds of
+the CUBINs served, as the build recorded them -- what this start did not spend.
+
+``CTBUILD_LEDGER=path.json`` writes it after the first launch and again at exit;
+``ctbuild doctor --ledger path.json`` prints it.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+LEDGER_ENV = "CTBUILD_LEDGER"
+PHASES = ("import", "cuda_context", "cache_open", "first_resolve", "cubin_load",
+          "first_launch")
+
+
+class Ledger:
+    """Phase times (first occurrence each) and the seconds the cache saved; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.phases_ms: dict[str, float] = {}
+        self.avoided = {"tuning_s": 0.0, "compile_s": 0.0, "records": 0, "cubins": 0}
+        self._exit_hook = False
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Add to a phase."""
+        with self._lock:
+            self.phases_ms[phase] = self.phases_ms.get(phase, 0.0) + seconds * 1e3
+
+    def imported(self, serving_modules_s: float) -> None:
+        """The ``import`` phase, once: ``import ctbuild`` and the serving modules."""
+        if "import" in self.phases_ms:
+            return
+        from .. import IMPORT_SECONDS
+        self.add("import", IMPORT_SECONDS + serving_modules_s)
+
+    @contextmanager
+    def first(self, phase: str) -> Iterator[None]:
+        """Time the block as ``phase`` unless that phase was timed already."""
+        if phase in self.phases_ms:
+            yield
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.phases_ms.setdefault(phase, (time.perf_counter() - t0) * 1e3)
+            if phase == "first_launch":
+                self.write_env()
+
+    def saved(self, what: str, seconds: Any) -> None:
+        """A record (``tuning``) or CUBIN (``compile``) served, with what making it took."""
+        with self._lock:
+            self.avoided["records" if what == "tuning" else "cubins"] += 1
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                self.avoided[f"{what}_s"] += float(seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        with self._lock:
+            return {"pid": os.getpid(),
+                    "phases_ms": {p: round(self.phases_ms[p], 3) for p in PHASES
+                                  if p in self.phases_ms},
+                    "avoided": dict(self.avoided)}
+
+    def write_env(self) -> None:
+        """Write the ledger to ``CTBUILD_LEDGER`` (if set), now and at exit."""
+        path = os.environ.get(LEDGER_ENV)
+        if not path:
+            return
+        if not self._exit_hook:
+            self._exit_hook = True
+            atexit.register(self.write_env)
+        try:
+            Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        except OSError as exc:
+            import logging
+            logging.getLogger("ctbuild.runtime").warning(
+                "ctbuild: cannot write the cold-start ledger to %s (%s)", path, exc)
+
+
+#: The process's ledger.
+LEDGER = Ledger()
+
+
+def format_ledger(data: dict[str, Any]) -> str:
+    """A ledger as text (``ctbuild doctor --ledger``)."""
+    lines = ["cold start (first time each phase ran in the process):"]
+    for phase in PHASES:
+        ms = data.get("phases_ms", {}).get(phase)
+        lines.append(f"  {phase:14} {'-' if ms is None else f'{ms:10.3f} ms'}")
+    avoided = data.get("avoided", {})
+    lines.append(f"  avoided: {avoided.get('tuning_s', 0):.1f} s of tuning "
+                 f"({avoided.get('records', 0)} records), {avoided.get('compile_s', 0):.1f} s "
+                 f"of compiling ({avoided.get('cubins', 0)} CUBINs)")
+    return "\n".join(lines)

@@ -1,0 +1,132 @@
+"""`runtime.preload` and the cold-start ledger on a CPU: a real cache on disk, the device
+stubbed as an H100, and ``ct.launch`` stubbed to ask the served kernel for its CUBIN as cuTile's
+dispatcher would."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import RUNTIME_TOOLCHAIN, run_cli  # noqa: E402
+from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
+
+from cache import Store  # noqa: E402
+from ctbuild import runtime  # noqa: E402
+from ctbuild.serve import preload as preload_mod  # noqa: E402
+from ctbuild.serve.cache_reader import CacheReader  # noqa: E402
+from ctbuild.serve.ledger import LEDGER, Ledger, format_ledger  # noqa: E402
+
+KERNELS = load_examples()
+GPU = "NVIDIA H100 80GB HBM3"
+CUBIN = b"\x7fELF" + bytes(range(256)) * 64
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list]:
+    """(the runtime context over a cache with records and CUBINs of rmsnorm and silu_mul on
+    this "H100", the list of CUBINs the stubbed launches were served)."""
+    import ctbuild.serve.kernel_runtime as rtmod
+    from ctbuild.arch import Arch
+    from ctbuild.keys import record_key_for
+    from ctbuild.serve.live_args import workload_spec
+    from ctbuild.serve.resolve import Resolver
+    from ctbuild.serve.served_kernel import CubinSource
+    from ctbuild.signature import derive_signature
+    from ctbuild.specs import spec_to_json
+    for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
+        monkeypatch.delenv(var, raising=False)
+    store = Store(tmp_path / "cache")
+    store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
+    source = CubinSource(store, RUNTIME_TOOLCHAIN)
+    for name in ("rmsnorm", "silu_mul"):
+        tuned = KERNELS[name]
+        w = workload_spec(tuned, tuned.bind(*host_tensors(tuned.workloads[0])))
+        cfg = tuned.default_config(w)
+        sig = derive_signature(tuned.kernel, tuned.kernel_args(cfg, w))
+        ckey = source.key_for(tuned, cfg, sig, "sm_90")
+        store.put_compile(ckey, CUBIN + name.encode(), symbol=sig.symbol,
+                          meta={"kernel": name, "compile_seconds": 2.5})
+        store.put_tuning(record_key_for(tuned, tuned.tuning_key(w), "sm_90", GPU,
+                                        RUNTIME_TOOLCHAIN),
+                         {"kernel": name, "arch": "sm_90", "gpu": GPU, "compile_key": ckey,
+                          "config": cfg.to_json(), "seconds": 30.0, "format": 1,
+                          "toolchain": RUNTIME_TOOLCHAIN,
+                          "workload": {n: spec_to_json(v) for n, v in w.items()}})
+    store.close()
+    served: list = []
+
+    def launch(stream: Any, grid: tuple, kernel: Any, kargs: tuple) -> None:
+        t = kernel.tuned
+        spec = workload_spec(t, t.bind(*kargs[:len(t.params)]))
+        served.append(kernel.serve(derive_signature(t.kernel, t.kernel_args(kernel.config, spec)),
+                                   None, Arch("sm_90"))[0])
+
+    monkeypatch.setattr(rtmod.ct, "launch", launch)
+    monkeypatch.setattr(Resolver, "_device_for", lambda self, w: 0)
+    monkeypatch.setattr(rtmod, "current_stream_getter", lambda: (lambda d: 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    ctx = runtime.configure(cache_dir=tmp_path / "cache", mode="strict")
+    monkeypatch.setattr(ctx, "device_info", lambda d: ("sm_90", GPU))
+    yield ctx, served
+    runtime.reset()
+
+
+def test_a_preloaded_first_call_reads_nothing_from_disk(served, monkeypatch) -> None:
+    ctx, launched = served
+    assert isinstance(ctx.store, CacheReader)
+    report = runtime.preload(background=False).wait()
+    assert {k: report[k] for k in ("records", "cubins", "resolved", "left", "missing")} == \
+        {"records": 2, "cubins": 2, "resolved": 2, "left": 0, "missing": 0}
+    assert report["bytes"] == 2 * len(CUBIN) + len("rmsnormsilu_mul")
+    reads: list[str] = []
+    original = ctx.store._rows
+    monkeypatch.setattr(ctx.store, "_rows", lambda ns, *a: (reads.append(ns), original(ns, *a))[1])
+    tuned = KERNELS["rmsnorm"]
+    tuned(*host_tensors(tuned.workloads[0]))
+    assert reads == [] and launched == [CUBIN + b"rmsnorm"]
+    assert "rmsnorm" not in str(ctx.store.held_cubins) and len(ctx.store.held_cubins) == 1
+
+
+def test_preload_on_a_thread_of_named_kernels_and_bounded(served, monkeypatch) -> None:
+    job = runtime.preload([KERNELS["silu_mul"]])
+    report = job.wait(60)
+    assert job.done.is_set() and report["records"] == 1 and report["gpu"] == GPU
+    monkeypatch.setattr(preload_mod, "MAX_RECORDS", 1)
+    served[0].store.held_tuning.clear()
+    report = runtime.preload(background=False).report
+    assert report["records"] == 1 and report["left"] == 1
+
+
+def test_the_ledger_counts_a_first_call_and_what_the_cache_saved(served, monkeypatch,
+                                                                  tmp_path: Path) -> None:
+    monkeypatch.setattr(LEDGER, "phases_ms", {})
+    monkeypatch.setattr(LEDGER, "avoided", {"tuning_s": 0.0, "compile_s": 0.0, "records": 0,
+                                            "cubins": 0})
+    monkeypatch.setenv("CTBUILD_LEDGER", str(tmp_path / "ledger.json"))
+    runtime.configure(cache_dir=served[0].cache_dir, mode="strict")
+    monkeypatch.setattr(runtime.context(), "device_info", lambda d: ("sm_90", GPU))
+    tuned = KERNELS["silu_mul"]
+    tuned(*host_tensors(tuned.workloads[0]))
+    got = json.loads((tmp_path / "ledger.json").read_text())
+    assert {"cache_open", "first_resolve", "cubin_load", "first_launch"} <= set(got["phases_ms"])
+    assert got["avoided"] == {"tuning_s": 30.0, "compile_s": 2.5, "records": 1, "cubins": 1}
+    out = run_cli("doctor", "--ledger", str(tmp_path / "ledger.json"))
+    assert out.returncode == 0 and "first_launch" in out.stdout and "30.0 s of tuning" in out.stdout
+    bad = run_cli("doctor", "--ledger", str(tmp_path / "none.json"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "CTBUILD_LEDGER" in bad.stderr
+
+
+def test_a_ledger_phase_is_timed_once() -> None:
+    ledger = Ledger()
+    with ledger.first("first_resolve"):
+        pass
+    first = ledger.phases_ms["first_resolve"]
+    with ledger.first("first_resolve"):
+        sum(range(10000))
+    ledger.saved("tuning", None)
+    assert ledger.phases_ms["first_resolve"] == first and ledger.avoided["records"] == 1
+    assert "first_resolve" in format_ledger(ledger.to_json())
