@@ -367,3 +367,15 @@ def test_the_c_call_code_keeps_no_reference_on_any_of_its_paths() -> None:
     table.clear()
     assert counts() == before and slot.calls == 2000
     assert seen == ["miss", "keywords"] * 2000 + ["failed"] * 2000 + ["runtime"] * 2000
+
+
+def test_an_empty_batch_is_served_with_no_launch(stub_gpu: list[tuple], form: str) -> None:
+    """A call whose grid has no block (an empty batch: silu_mul's grid (0,)) is counted but not
+    launched, by either form: CUDA refuses a launch of no block; the next full call launches."""
+    tuned = KERNELS["silu_mul"]
+    empty = torch.empty(0, dtype=torch.float16)
+    for _ in range(3):
+        tuned(empty, empty, empty)
+    assert stub_gpu == [] and tuned.runtime.provenance()["launches"] == 3
+    tuned(*host_tensors(tuned.workloads[0]))
+    assert len(stub_gpu) == 1 and stub_gpu[0][1] != (0,)

@@ -15,15 +15,19 @@ class Entry:
     layouts in the kernel's table (``slots``: `_fast_path.HotEntry`, each counting the
     launches it made)."""
     __slots__ = ("grid", "kernel", "tail", "hot_tail", "recipe", "rebuild", "device", "zero",
-                 "calls", "info", "slots")
+                 "empty", "calls", "info", "slots")
 
     def __init__(self, grid: tuple[int, ...], kernel: ServedKernel, call_args: tuple,
                  kernel_args: tuple, rebuild: Callable[[tuple], tuple], device: int,
                  zero: tuple[int, ...]) -> None:
         self.grid, self.kernel, self.device, self.zero = grid, kernel, device, zero
         self.tail, self.recipe = recipe_of(call_args, kernel_args)
-        #: The tail when the hot path can launch ``args + tail`` itself (nothing to zero).
-        self.hot_tail = None if zero else self.tail
+        #: A grid of no block (an empty batch): the launch is a no-op, which CUDA refuses to be
+        #: asked for ("invalid argument"), so `KernelRuntime._launch` skips it.
+        self.empty = 0 in grid
+        #: The tail when the hot path can launch ``args + tail`` itself (nothing to zero, a
+        #: grid with blocks).
+        self.hot_tail = None if zero or self.empty else self.tail
         self.rebuild = rebuild
         self.calls = 0
         self.info: dict[str, Any] = {}

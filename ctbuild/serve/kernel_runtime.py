@@ -168,11 +168,14 @@ class KernelRuntime:
         return True
 
     def _launch(self, entry: Entry, stream: Any, args: tuple) -> None:
-        """The general launch (the hot path's forms do its common case): zero the
-        ``reset_to_zero`` arguments, pick the stream, build the kernel arguments, launch; an
+        """The general launch (the hot path's forms do its common case): nothing for a grid of
+        no block (an empty batch); else zero the ``reset_to_zero`` arguments, pick the stream,
+        build the kernel arguments, launch; an
         error names the kernel. `LayoutChanged` (the call's signature is not its entry's;
         nothing launched) is the caller's to handle."""
         entry.calls += 1
+        if entry.empty:  # no block to run: nothing to launch, nothing to zero
+            return
         try:
             if entry.zero:
                 zero_args(stream, args, entry.zero)
