@@ -156,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     fp = toolchain_for(store)
     if args.verify:
         return verify(entries, store, device, fp, args)
+    check_identity(project, [k for k in kernels if not only or k.name in only], device.arch, fp,
+                   recorded_workloads(store, kernels, device.arch), args.workers)
     opts = TuneOptions(retune=args.retune, compile_missing=args.compile_missing,
                        timeout_s=args.timeout, cap=project.cap,
                        paths=[str(p) for p in project.paths], workers=args.workers,
@@ -209,6 +211,28 @@ def run(args: argparse.Namespace) -> int:
               f"{out['compiles_during_measurement']}")
     sys.stdout.flush()
     return 0 if out["failed"] == 0 else 1
+
+
+def check_identity(project: Any, kernels: list, arch: str, fp: str,
+                   recorded: dict[str, list], workers: int | None) -> None:
+    """The TileIR backstop (`ctbuild.build.ir_check`) on the cached entries this tune relies on,
+    as ``precompile`` runs it: an entry whose re-derived TileIR differs from the digest recorded
+    when it was compiled (a hole in the kernel fingerprint) is removed with a warning, so it is
+    reported missing, or compiled again with --compile-missing, never measured stale. Uses the
+    recorded toolchain's bytecode version: a tuning node needs no tileiras for it."""
+    from cache import Store
+
+    from ..arch import Arch
+    from ..build.ir_check import IrGuard
+    from ..build.plan import make_plan
+    plan = make_plan(kernels, [Arch(arch)], fp, project.cap, recorded)
+    with Store(project.cache_dir, readonly=False) as store:
+        profile = store.get_toolchain(fp) or {}
+        guard = IrGuard(project.cache_dir, project.modules, [str(p) for p in project.paths], fp,
+                        profile.get("bytecode_version"))
+        report = guard.check(store, [j.to_json() for j in plan.jobs.values()], workers)
+    for line in report.warnings():
+        print(line, file=sys.stderr)
 
 
 def _verify_line(v: dict[str, Any]) -> str:
