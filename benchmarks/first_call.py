@@ -104,9 +104,15 @@ def floor(tuned: Any) -> tuple[float | None, bool]:
     extra = (ctypes.c_void_p * 5)(1, ctypes.cast(buf, ctypes.c_void_p), 2,
                                   ctypes.cast(ctypes.pointer(size), ctypes.c_void_p), 0)
     grid = tuple(res.grid) + (1,) * (3 - len(res.grid))
-    _ok(cuda.cuLaunchKernel(func, *[ctypes.c_uint(g) for g in grid], threads.value, 1, 1, 0,
-                            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), None,
-                            extra), "cuLaunchKernel")
+    # cuTile does not export the block size it launches a CUBIN with: the CUBIN's most threads
+    # per block first, then the common sizes; the first the driver accepts is the kernel's.
+    for block in dict.fromkeys((threads.value, 128, 256, 384, 512, 64, 32)):
+        status = cuda.cuLaunchKernel(func, *[ctypes.c_uint(g) for g in grid], block, 1, 1, 0,
+                                     ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+                                     None, extra)
+        if status != 1:  # CUDA_ERROR_INVALID_VALUE: not this block size
+            break
+    _ok(status, "cuLaunchKernel")
     _ok(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
     ms = (time.perf_counter() - t) * 1e3
     try:
