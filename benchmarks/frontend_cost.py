@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from ctbuild.build.compiler import _tileiras, tileir
-from ctbuild.build.plan import job_and_signature, make_plan
+from ctbuild.compile.compiler import _tileiras, tileir
+from ctbuild.compile.plan import job_and_signature, make_plan
 from ctbuild.project import load_project
 from ctbuild.space import Config
 from ctbuild.toolchain import probe

@@ -11,7 +11,7 @@ to exit:
 
 * pool N: this file's ``pool-build`` mode, a plain script: load the project, probe, plan, start
   a ``multiprocessing`` (spawn) pool of N workers that import the kernels and probe the
-  toolchain, compile every job (``ctbuild.build.compiler.compile_job``, in plan order), store each
+  toolchain, compile every job (``ctbuild.compile.compiler.compile_job``, in plan order), store each
   CUBIN from the parent process;
 * farm N: ``python -m ctbuild precompile --workers N`` (embedded Ray).
 
@@ -46,7 +46,7 @@ DEFAULT_CONFIG = ROOT / "benchmarks" / "kernels" / "ctbuild.toml"
 
 # ---- the plain pool script (run as its own process: `precompile_scaling.py pool-build`) ------
 def _pool_init(modules: list[str], paths: list[str]) -> None:
-    from ctbuild.build.worker_setup import warm_worker
+    from ctbuild.compile.worker_setup import warm_worker
     warm_worker(modules, paths)
 
 
@@ -56,14 +56,14 @@ def _pool_ready(_: int) -> int:
 
 
 def _pool_compile(job: dict) -> tuple[dict, dict]:
-    from ctbuild.build.compiler import compile_job
+    from ctbuild.compile.compiler import compile_job
     return job, compile_job(job, timeout_sec=300)
 
 
 def pool_build(config: str, archs: str | None, workers: int, cache_dir: str) -> dict:
     """Plan and compile every job with a warm spawn pool; the parent stores the CUBINs."""
     from cache import Store
-    from ctbuild.build.plan import make_plan
+    from ctbuild.compile.plan import make_plan
     from ctbuild.project import load_project
     from ctbuild.toolchain import probe
     project = load_project(config, archs=archs)

@@ -76,8 +76,8 @@ def main() -> int:
     from cov_kernels.kernels import dyn_matmul as tuned
 
     from ctbuild.arch import Arch
-    from ctbuild.build.compiler import compile_job
-    from ctbuild.build.plan import job_for, relaxed_weakening
+    from ctbuild.compile.compiler import compile_job
+    from ctbuild.compile.plan import job_for, relaxed_weakening
     from ctbuild.signature_classes import EXACT_WEAKENING
     from ctbuild.space import Config
     from ctbuild.toolchain import probe

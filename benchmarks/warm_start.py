@@ -3,7 +3,7 @@
     python benchmarks/warm_start.py [--cache DIR] [--out DIR]
 
 1. ``build`` (own process): precompile every example workload for sm_90 in a local process
-   pool (``ctbuild.build.compiler.compile_job``; no Ray) and tune them on this GPU
+   pool (``ctbuild.compile.compiler.compile_job``; no Ray) and tune them on this GPU
    (``ctbuild.tune.tuner.tune_workload``) into the cache DIR.
 2. ``warm`` (fresh process, ``CTBUILD_MODE=strict``, ``--no-tileiras``: PATH stripped of
    tileiras and cuTile's compiler lookup raising): ``import ctbuild``, call each kernel on its

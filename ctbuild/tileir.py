@@ -5,8 +5,8 @@ The front end is cuTile's own Python code (no tileiras): it turns the kernel's s
 values it reads and the signature into TileIR bytecode. Debug info is anonymized, so the
 bytecode holds no file path, line number or column, and is the same from any checkout path and
 under any Python version: its digest is a statement about the compiled code alone. The build
-(`ctbuild.build.compiler`) hands this bytecode to tileiras; the identity checks
-(`ctbuild.build.ir_check`, ``ctbuild cache verify --identity``, ``CTBUILD_VERIFY=ir`` in a
+(`ctbuild.compile.compiler`) hands this bytecode to tileiras; the identity checks
+(`ctbuild.compile.ir_check`, ``ctbuild cache verify --identity``, ``CTBUILD_VERIFY=ir`` in a
 serving process) derive it again and compare digests, which needs no kernel fingerprint.
 
 Importing this module is cheap; cuTile's compiler is imported on the first derivation.

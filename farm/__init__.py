@@ -20,7 +20,7 @@ Python-level hang, by the driver, which kills and replaces the worker. Imports n
 nor any GPU code.
 
     from farm import Farm
-    with Farm(cache_dir, "ctbuild.build.compiler:compile_job", workers=8) as farm:
+    with Farm(cache_dir, "ctbuild.compile.compiler:compile_job", workers=8) as farm:
         result = farm.run(jobs)
 """
 from .executor import Farm, FarmOptions, run_jobs

@@ -102,7 +102,7 @@ def gpu_case(tuned: Any, workload_index: int = 0, seed: int = 0) -> tuple[tuple,
 
 # ---- building a warm cache in-process ------------------------------------------------------
 def _compile_one(job: dict[str, Any]) -> dict[str, Any]:
-    from ctbuild.build.compiler import compile_job
+    from ctbuild.compile.compiler import compile_job
     try:
         return {"key": job["key"], **compile_job(job)}
     except Exception as exc:  # noqa: BLE001 - reported per job
@@ -114,7 +114,7 @@ def precompile(store: Any, kernels: list, arch: str = ARCH, workers: int | None 
     """Plan every kernel x declared workload for ``arch`` and compile the missing CUBINs in a
     local process pool (fork; call before CUDA is initialised in this process)."""
     from ctbuild.arch import Arch
-    from ctbuild.build.plan import make_plan
+    from ctbuild.compile.plan import make_plan
     from ctbuild.toolchain import probe
     tc = probe()
     store.put_toolchain(tc.fingerprint, {**tc.profile, "created": time.time()})

@@ -113,7 +113,7 @@ def test_constant_derived_from_a_dynamic_dim_warns(tmp_path: Path) -> None:
 def test_derived_constants_found(cov, monkeypatch: pytest.MonkeyPatch) -> None:
     import cov_kernels.derived as d
 
-    from ctbuild.build.coverage import derived_constants
+    from ctbuild.compile.coverage import derived_constants
     found = derived_constants(d.seq_constant)
     assert [f["parameter"] for f in found] == ["SEQ"] and "declare the values" in \
         found[0]["message"].lower()
@@ -147,8 +147,8 @@ def compiled_add(cov, runtime_store, monkeypatch: pytest.MonkeyPatch):
     """A cache holding, compiled by the real tileiras, dyn_add's default-config CUBINs of the
     4096 bucket (exact and relaxed) and its generic CUBIN; no tuning record."""
     from ctbuild import runtime
-    from ctbuild.build.compiler import compile_job
-    from ctbuild.build.plan import job_for, relaxed_weakening
+    from ctbuild.compile.compiler import compile_job
+    from ctbuild.compile.plan import job_for, relaxed_weakening
     from ctbuild.signature_classes import GENERIC_WEAKENING
     k = cov.dyn_add
     rep = next(w for w in k.workloads if w.X.shape[0] == 4096)
@@ -228,7 +228,7 @@ def test_lookup_order_and_explain(compiled_add) -> None:
 
 def test_recorded_workloads_are_discovered_for_tuning(cov, runtime_store,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from ctbuild.build.plan import job_for
+    from ctbuild.compile.plan import job_for
     from ctbuild.specs import Tensor, Workload
     from ctbuild.tune.recorded import recorded_workloads
     from ctbuild.tune.session import entries_for

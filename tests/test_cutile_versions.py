@@ -55,7 +55,7 @@ def test_a_cache_built_under_the_other_cuda_tile_misses_here(tmp_path: Path,
                                                               ) -> None:
     """A real build under the other version: none of its entries is a key this version plans,
     and the same plan keyed on its recorded toolchain finds every one (the check can fail)."""
-    from ctbuild.build.plan import make_plan
+    from ctbuild.compile.plan import make_plan
     from ctbuild.project import load_project
 
     monkeypatch.delenv("CTBUILD_TOOLCHAIN", raising=False)

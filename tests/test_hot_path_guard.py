@@ -317,7 +317,7 @@ def tiled_copy(X, Y, SHAPE: ct.Constant[tuple], SCALE: ct.Constant[int]):
 
 
 def test_tile_volume_counts_a_tile_shape_passed_as_a_tuple_constant() -> None:
-    from ctbuild.build.job_estimates import tile_volume
+    from ctbuild.compile.job_estimates import tile_volume
     from ctbuild.signature import derive_signature, int_constants
 
     x = Tensor((256, 256), "float16")

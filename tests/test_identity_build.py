@@ -29,7 +29,7 @@ sys.path.insert(0, sys.argv[2])
 from cache import Store
 from ctbuild.project import load_project
 from ctbuild.keys import kernel_record_key
-from ctbuild.build.plan import job_for
+from ctbuild.compile.plan import job_for
 from ctbuild.serve.kernel_runtime import CacheMissError
 from ctbuild.space import Config
 kernels = {k.name: k for k in load_project(sys.argv[2] + "/ctbuild.toml").kernels()}
@@ -141,8 +141,8 @@ def test_toolkit_env_vars_are_stripped_not_keyed(two_builds: dict) -> None:
 def test_a_bad_cuda_root_breaks_an_unstripped_tileiras(tmp_path: Path) -> None:
     """The reason for stripping: tileiras with CUDA_ROOT=/nonexistent fails to compile."""
     script = ("import os, sys\nsys.path.insert(0, sys.argv[1])\n"
-              "from ctbuild.project import load_project\nfrom ctbuild.build.compiler import tileir\n"
-              "from ctbuild.build.plan import job_and_signature\nfrom ctbuild.toolchain import probe\n"
+              "from ctbuild.project import load_project\nfrom ctbuild.compile.compiler import tileir\n"
+              "from ctbuild.compile.plan import job_and_signature\nfrom ctbuild.toolchain import probe\n"
               "from ctbuild.cutile import compile_cubin\n"
               "k = load_project(sys.argv[1] + '/ctbuild.toml').kernels()[0]\n"
               "cfg = k.candidates(k.workloads[0], 'sm_90').kept[0]\n"
@@ -229,7 +229,7 @@ def test_prune_after_a_kernel_edit_removes_the_old_version(two_builds: dict,
     """Edit idk's body and rebuild: its old CUBINs, their tuning record and blobs are stale.
     prune --dry-run says so and removes nothing; the default keeps the last two versions;
     --keep 1 removes the old version only (add_eps and the new version stay, verify is clean)."""
-    from ctbuild.build.prune import plan_prune
+    from ctbuild.compile.prune import plan_prune
     config_b, cache_b, _ = two_builds["b"]
     project, cache = tmp_path / "proj", tmp_path / "cache"
     shutil.copytree(config_b.parent, project)
@@ -330,7 +330,7 @@ def test_ir_check_memo_never_trusts_a_bad_file(tmp_path: Path) -> None:
     """A damaged, foreign or oversized memo is a memo of nothing (every entry is derived
     again), and remembering writes a fresh one; a remembered digest only counts for the
     same state and the same recorded digest."""
-    from ctbuild.build.ir_check import MEMO_FILE, MEMO_MAX_BYTES, Memo
+    from ctbuild.compile.ir_check import MEMO_FILE, MEMO_MAX_BYTES, Memo
     memo_file = tmp_path / MEMO_FILE
     for text in ("{not json", "[1, 2]", '{"format": 99, "projects": {}}', "[" * 100000):
         memo_file.write_text(text)

@@ -13,7 +13,7 @@ from conftest import RUNTIME_TOOLCHAIN as TC  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 from ctbuild import Arch, runtime  # noqa: E402
-from ctbuild.build.plan import make_plan  # noqa: E402
+from ctbuild.compile.plan import make_plan  # noqa: E402
 from ctbuild.keys import kernel_record_key  # noqa: E402
 from ctbuild.serve.live_args import workload_spec  # noqa: E402
 from ctbuild.specs import Workload, spec_from_json, spec_to_json  # noqa: E402

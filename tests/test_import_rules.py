@@ -1,13 +1,13 @@
 """The import rules of docs/architecture.md, checked on the source and in a fresh interpreter.
 
 - ``farm`` and ``cache`` never import ``ctbuild``; ``cache`` never imports ``farm``.
-- ``ctbuild.build`` (CPU only) imports neither ``ctbuild.tune`` nor ``ctbuild.serve``.
-- ``ctbuild.serve`` imports neither ``ctbuild.build``, ``ctbuild.tune``, Ray nor the farm, except
+- ``ctbuild.compile`` (CPU only) imports neither ``ctbuild.tune`` nor ``ctbuild.serve``.
+- ``ctbuild.serve`` imports neither ``ctbuild.compile``, ``ctbuild.tune``, Ray nor the farm, except
   the lazy imports in ALLOWED_LAZY.
 - The core (the modules at the top of ``ctbuild/``) imports no phase at module level, and
   inside functions only as ALLOWED_LAZY says.
 - The serve path: ``import ctbuild`` + resolving and calling a kernel, in a fresh process, loads
-  none of ``ctbuild.build``, ``ctbuild.tune``, ``ray``, ``farm``.
+  none of ``ctbuild.compile``, ``ctbuild.tune``, ``ray``, ``farm``.
 - cuTile's private API is touched only by the modules in PRIVATE_CUTILE.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("ctbuild.build", "ctbuild.tune", "ctbuild.serve")
+PHASES = ("ctbuild.compile", "ctbuild.tune", "ctbuild.serve")
 #: Modules at the top of ctbuild/ that are not core: the CLI entry points and the public
 #: ``ctbuild.runtime`` name (a re-export of ctbuild.serve).
 NOT_CORE = {"ctbuild", "ctbuild.__main__", "ctbuild.cli", "ctbuild.runtime"}
@@ -33,7 +33,7 @@ ALLOWED_LAZY = {
     ("ctbuild.declare", "ctbuild.serve.kernel_runtime"),
     ("ctbuild.declare", "ctbuild.serve.ledger"),
     # imported before a project's paths can shadow it (a project module named `build`...)
-    ("ctbuild.project", "ctbuild.build.compiler"),
+    ("ctbuild.project", "ctbuild.compile.compiler"),
 }
 
 #: The one module allowed to touch cuTile's private names: `ctbuild.cutile` (checks every hook
@@ -119,14 +119,14 @@ def test_farm_and_cache_never_import_ctbuild() -> None:
 
 
 def test_build_imports_no_other_phase() -> None:
-    bad = [str(i) for i in package_imports("ctbuild/build")
+    bad = [str(i) for i in package_imports("ctbuild/compile")
            if under(i.imported, "ctbuild.tune", "ctbuild.serve")]
     assert bad == []
 
 
 def test_serve_imports_neither_build_tune_ray_nor_farm() -> None:
     bad = [str(i) for i in package_imports("ctbuild/serve")
-           if under(i.imported, "ctbuild.build", "ctbuild.tune", "ray", "farm")
+           if under(i.imported, "ctbuild.compile", "ctbuild.tune", "ray", "farm")
            and not allowed_lazy(i)]
     assert bad == []
 
@@ -178,7 +178,7 @@ def test_serve_path_loads_no_build_tune_ray_or_farm(tmp_path: Path) -> None:
     assert "ctbuild.serve.kernel_runtime" in got["modules"]  # the path really ran
     assert "CacheMissError" in got["errors"] and "KernelCallError" in got["errors"]
     loaded = [m for m in got["modules"]
-              if under(m, "ctbuild.build", "ctbuild.tune", "ray", "farm")]
+              if under(m, "ctbuild.compile", "ctbuild.tune", "ray", "farm")]
     assert loaded == []
 
 

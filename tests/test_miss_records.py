@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import EXAMPLES
 
-from ctbuild.build.miss_records import MAX_FILE_BYTES, RecordFileError, read_records
+from ctbuild.compile.miss_records import MAX_FILE_BYTES, RecordFileError, read_records
 from ctbuild.specs import Tensor
 
 
@@ -34,7 +34,7 @@ def help_example() -> str:
 
 def test_the_help_example_plans_as_printed(tmp_path, kernels):
     from ctbuild.arch import Arch
-    from ctbuild.build.plan import make_plan
+    from ctbuild.compile.plan import make_plan
     record = tmp_path / "misses.jsonl"
     record.write_text(help_example() + "\n")
     extra, archs = read_records([str(record)], kernels)

@@ -113,7 +113,7 @@ def test_failed_compile_shows_the_compilers_reason() -> None:
     """tileiras' own stderr, on the one line a build report shows (not "Return code 3")."""
     from cuda.tile._compiler_options import CompilerOptions
 
-    from ctbuild.build.compiler import TileirasError, _tileiras
+    from ctbuild.compile.compiler import TileirasError, _tileiras
     from ctbuild.cutile import FrontEnd
     from ctbuild.tileir import TileIR
     with pytest.raises(TileirasError) as info:

@@ -29,7 +29,7 @@ def test_plan_lists_every_example_kernel(example_plan: dict) -> None:
 
 def test_jobs_equal_distinct_compile_keys(examples_on_path: Path) -> None:
     from ctbuild.arch import parse_archs
-    from ctbuild.build.plan import make_plan
+    from ctbuild.compile.plan import make_plan
     from ctbuild.project import load_project
     project = load_project(EXAMPLES / "ctbuild.toml")
     plan = make_plan(project.kernels(), parse_archs("sm_90,sm_100"), "fp")
@@ -44,7 +44,7 @@ def test_cli_jobs_count_matches_python_plan(example_plan: dict, examples_on_path
     from collections import Counter
 
     from ctbuild.arch import parse_archs
-    from ctbuild.build.plan import make_plan
+    from ctbuild.compile.plan import make_plan
     from ctbuild.project import load_project
     project = load_project(EXAMPLES / "ctbuild.toml")
     plan = make_plan(project.kernels(), parse_archs("sm_90,sm_100"), example_plan["toolchain"])

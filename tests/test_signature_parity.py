@@ -248,7 +248,7 @@ def test_signature_classes_parity(stub_libcuda_dir: Path) -> None:
     every size of the range, generic for every layout) and the keys the runtime derives from
     specs on the CPU."""
     from ctbuild.arch import Arch
-    from ctbuild.build.plan import make_plan
+    from ctbuild.compile.plan import make_plan
     from ctbuild.signature import derive_signature
 
     env = dict(os.environ)

@@ -115,7 +115,7 @@ def fake_timer(times):
 
 def _prime(store, tuned, w, device, fp, skip=()):
     from ctbuild.arch import Arch
-    from ctbuild.build.plan import job_for
+    from ctbuild.compile.plan import job_for
     for cfg in tuned.candidates(w, Arch(device.arch)).kept:
         if cfg.to_json() in skip:
             continue

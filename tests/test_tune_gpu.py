@@ -1,6 +1,6 @@
 """GPU tests of ``ctbuild tune`` (marked ``gpu``; the module is skipped without a CUDA GPU).
 
-The cache is built in-process (`ctbuild.build.compile_pool.CompilePool` running `compile_job`), as the GPU
+The cache is built in-process (`ctbuild.compile.compile_pool.CompilePool` running `compile_job`), as the GPU
 machines have no Ray. Set CTBUILD_TEST_OUT=DIR to keep the JSON/HTML results there.
 """
 from __future__ import annotations
@@ -41,8 +41,8 @@ def examples_cache(tmp_path_factory):
     """Every example candidate for this GPU's arch, compiled in-process into a fresh Store."""
     from cache import Store
     from ctbuild.arch import Arch
-    from ctbuild.build.compile_pool import CompilePool
-    from ctbuild.build.plan import make_plan
+    from ctbuild.compile.compile_pool import CompilePool
+    from ctbuild.compile.plan import make_plan
     from ctbuild.project import load_project
     from ctbuild.toolchain import probe
     path = tmp_path_factory.mktemp("examples-cache")

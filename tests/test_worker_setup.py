@@ -17,12 +17,12 @@ import json, sys
 sys.path[:0] = [{root!r}, {examples!r}]
 if sys.argv[1] == "with-torch":
     import torch  # noqa: F401 - a kernel module that imports torch does this
-from ctbuild.build.worker_setup import warm_worker
+from ctbuild.compile.worker_setup import warm_worker
 info = warm_worker(["demo_kernels.elementwise"], [{examples!r}])
 from ctbuild import registered
 from ctbuild.arch import Arch
-from ctbuild.build.compiler import compile_job
-from ctbuild.build.plan import make_plan
+from ctbuild.compile.compiler import compile_job
+from ctbuild.compile.plan import make_plan
 import xxhash
 kernels = [k for k in registered() if k.name == "silu_mul"]
 plan = make_plan(kernels, [Arch("sm_90")], info["toolchain"])

@@ -3,8 +3,8 @@
 The `cache` package knows nothing of ctbuild's config files, so this wrapper chooses the cache
 directory as every ctbuild command and the runtime do (`ctbuild.settings.choose_cache`) and
 passes it on with why, and for ``pull`` the local GPU's arch. It also adds what needs the
-project's kernels: ``verify --identity`` (`ctbuild.build.identity`) and ``prune``
-(`ctbuild.build.prune`).
+project's kernels: ``verify --identity`` (`ctbuild.compile.identity`) and ``prune``
+(`ctbuild.compile.prune`).
 """
 from __future__ import annotations
 

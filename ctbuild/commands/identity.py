@@ -26,7 +26,7 @@ def add_identity_args(cache_parser: argparse.ArgumentParser) -> None:
 def run_identity(args: argparse.Namespace) -> int:
     from cache import Store
 
-    from ..build.identity import verify_identity
+    from ..compile.identity import verify_identity
 
     project = load_project(args.config, cache_dir=args.cache_dir)
     path = project.cache_dir

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..build.body_check import check_bodies
-from ..build.coverage import summary_lines
-from ..build.plan import make_plan
-from ..build.plan_costs import KernelCost, kernel_costs
+from ..compile.body_check import check_bodies
+from ..compile.coverage import summary_lines
+from ..compile.plan import make_plan
+from ..compile.plan_costs import KernelCost, kernel_costs
 from ..project import select_kernels
 from ..specs import describe
 from ..toolchain import ToolchainError, probe

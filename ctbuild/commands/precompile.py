@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
-from ..build.miss_records import RecordFileError, read_records
+from ..compile.miss_records import RecordFileError, read_records
 from ..declare import TunedKernel
 from ..project import ConfigError, Project, select_kernels
 from ..specs import Workload
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if report is not None and (not report.parent.is_dir() or report.is_dir()):
         return fail(f"--report {args.report}: " + ("is a directory" if report.is_dir() else
                                                    f"directory {report.parent} does not exist"))
-    from ..build.worker_setup import STRIPPED_ENV
+    from ..compile.worker_setup import STRIPPED_ENV
     dropped = [k for k in STRIPPED_ENV if os.environ.pop(k, None) is not None]
 
     project = project_from_args(args)
@@ -176,8 +176,8 @@ def _start_early(args: argparse.Namespace, project: Project, kernels: list[Tuned
     """Into an empty cache: plan (with a placeholder toolchain: the job count is the same),
     check the kernel bodies, and start Ray in the background unless the build stays local.
     Returns an exit status when a body is wrong (before any Ray started), else None."""
-    from ..build.job_estimates import JobEstimator
-    from ..build.plan import make_plan
+    from ..compile.job_estimates import JobEstimator
+    from ..compile.plan import make_plan
     from ..cutile import load_compiler_without_torch
     load_compiler_without_torch()  # planning needs no torch either: about 1 s sooner
     plan = make_plan(kernels, _archs(project, record_archs), "unprobed", project.cap,
@@ -193,7 +193,7 @@ def _start_early(args: argparse.Namespace, project: Project, kernels: list[Tuned
 
 def _report_bodies(plan: Any, project: Project) -> int | None:
     """Each kernel whose body cuTile's front end rejects, once, with file:line: exit 2."""
-    from ..build.body_check import check_bodies
+    from ..compile.body_check import check_bodies
     problems = check_bodies(plan, project.devices)
     for line in problems:
         fail(line)
@@ -225,8 +225,8 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
            extra: dict[str, list[Workload]], record_archs: list[Arch], farm: Any, stream: Any,
            out: Any, report: Path | None, started: float) -> int:
     """Probe, plan, compile on ``farm``; the summary goes to ``out`` (the real stdout)."""
-    from ..build.job_estimates import estimator
-    from ..build.plan import make_plan
+    from ..compile.job_estimates import estimator
+    from ..compile.plan import make_plan
     from ..cutile import load_compiler_without_torch
     from ..toolchain import probe, record_in, shareable
     archs = _archs(project, record_archs)
@@ -255,7 +255,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     farm.options.setup_args = (modules, paths, shareable(toolchain))
 
     todo = list(jobs.values())
-    from ..build.ir_check import check_cached, remember_build
+    from ..compile.ir_check import check_cached, remember_build
     guard, ir_check = check_cached(project.cache_dir, project.modules, modules_paths(project),
                                    toolchain, todo, args.workers)
     estimate.plan(todo)
@@ -278,7 +278,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
                  "config": r["config"], "error_type": r["error_type"],
                  "error": result.records[i].first_error_line}
                 for i, r in enumerate(rows) if r["status"] == "failed"]
-    from ..build.progress import kernel_summary, render_summary
+    from ..compile.progress import kernel_summary, render_summary
     summary: dict[str, Any] = {
         "jobs": len(rows), "compiled": result.count("compiled"),
         "cached": result.count("cached"), "failed": result.count("failed"),
@@ -324,7 +324,7 @@ def _make_farm(args: argparse.Namespace, project: Project) -> Any:
     from farm import Farm, FarmError, FarmOptions
     from farm.cluster import module_paths, resolve_address
 
-    from ..build.worker_setup import STRIPPED_ENV
+    from ..compile.worker_setup import STRIPPED_ENV
 
     address = resolve_address(args.address)
     paths = [str(p) for p in project.paths]
@@ -338,11 +338,11 @@ def _make_farm(args: argparse.Namespace, project: Project) -> Any:
     options = FarmOptions(
         workers=args.workers, address=address, compile_timeout=args.compile_timeout,
         early_workers=args.early_workers,
-        setup_fn="ctbuild.build.worker_setup:warm_worker",
+        setup_fn="ctbuild.compile.worker_setup:warm_worker",
         setup_args=(list(project.modules), paths if address is None else []),
         sys_paths=paths, ship=ship, fatal_errors=("CompileMismatchError",),
         strip_env=STRIPPED_ENV)
-    return Farm(project.cache_dir, "ctbuild.build.compiler:compile_job", options)
+    return Farm(project.cache_dir, "ctbuild.compile.compiler:compile_job", options)
 
 
 def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
@@ -350,7 +350,7 @@ def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
     """Run the jobs on the farm with a progress display; (result, None) or (None, error)."""
     from farm import FarmError
 
-    from ..build.progress import Progress
+    from ..compile.progress import Progress
 
     progress = Progress(len(jobs), stream)
 

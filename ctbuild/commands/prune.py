@@ -22,7 +22,7 @@ def _size(n: int) -> str:
 def run_prune(args: argparse.Namespace) -> int:
     from cache import ReadOnlyCacheError, Store
 
-    from ..build.prune import plan_prune
+    from ..compile.prune import plan_prune
 
     project = load_project(args.config, cache_dir=args.cache_dir)
     if not project.cache_dir.is_dir():

@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_identity(project: Any, kernels: list, arch: str, fp: str,
                    recorded: dict[str, list], workers: int | None) -> None:
-    """The TileIR backstop (`ctbuild.build.ir_check`) on the cached entries this tune relies on,
+    """The TileIR backstop (`ctbuild.compile.ir_check`) on the cached entries this tune relies on,
     as ``precompile`` runs it: an entry whose re-derived TileIR differs from the digest recorded
     when it was compiled (a hole in the kernel fingerprint) is removed with a warning, so it is
     reported missing, or compiled again with --compile-missing, never measured stale. Uses the
@@ -223,8 +223,8 @@ def check_identity(project: Any, kernels: list, arch: str, fp: str,
     from cache import Store
 
     from ..arch import Arch
-    from ..build.ir_check import IrGuard
-    from ..build.plan import make_plan
+    from ..compile.ir_check import IrGuard
+    from ..compile.plan import make_plan
     plan = make_plan(kernels, [Arch(arch)], fp, project.cap, recorded)
     with Store(project.cache_dir, readonly=False) as store:
         profile = store.get_toolchain(fp) or {}

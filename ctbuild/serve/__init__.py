@@ -1,2 +1,2 @@
 """Serve phase: launch declared kernels warm from the cache (`kernel_runtime` is the hot path).
-Imports neither ctbuild.build, ctbuild.tune, Ray nor the farm."""
+Imports neither ctbuild.compile, ctbuild.tune, Ray nor the farm."""

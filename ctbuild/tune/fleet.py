@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..arch import Arch
-from ..build.plan import job_for
+from ..compile.plan import job_for
 from ..records import TuningRecord
 from ..space import Config
 from .choice import TieBand, Timing, choose

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..arch import Arch
-from ..build.compile_pool import CompilePool
-from ..build.plan import job_for
+from ..compile.compile_pool import CompilePool
+from ..compile.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
 from ..records import TuningRecord, stored_tuning
 from ..specs import Workload, describe

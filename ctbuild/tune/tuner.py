@@ -19,7 +19,7 @@ runtime's ``CTBUILD_MODE=tune``). In-place arguments (``restore=``) are snapshot
 restored before every sample, accumulators (``reset_to_zero=``) zeroed; afterwards the caller's
 tensors are as after ONE launch of the winner on the original inputs.
 The CLI's loop over kernels x workloads lives in `ctbuild.tune.session`, the
-``--compile-missing`` pool in `ctbuild.build.compile_pool`.
+``--compile-missing`` pool in `ctbuild.compile.compile_pool`.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .. import cutile
 from ..arch import Arch
-from ..build.compile_pool import CompilePool
-from ..build.plan import job_for
+from ..compile.compile_pool import CompilePool
+from ..compile.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
 from ..device_table import cuda_device, nominal_device
 from ..keys import kernel_record_key

@@ -1,6 +1,6 @@
 """``ctbuild tune --compile-missing``: compile absent CUBINs in a local process pool.
 
-The GPU node has no Ray, so this is a plain spawn pool running `ctbuild.build.compiler.compile_job`;
+The GPU node has no Ray, so this is a plain spawn pool running `ctbuild.compile.compiler.compile_job`;
 the tuner measures candidates in the order their CUBINs arrive, so measuring starts as soon as
 the first one exists.
 """
@@ -31,7 +31,7 @@ def _pool_compile(job: dict[str, Any], timeout_sec: float | None) -> dict[str, A
 
 
 class CompilePool:
-    """A local process pool compiling jobs with `ctbuild.build.compiler.compile_job` (no Ray).
+    """A local process pool compiling jobs with `ctbuild.compile.compiler.compile_job` (no Ray).
 
     ``submit`` is idempotent per compile key; ``arrivals(keys)`` yields keys as their CUBINs land
     in the store (already-present ones first), and records failures in ``errors``.

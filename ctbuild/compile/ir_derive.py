@@ -2,7 +2,7 @@
 
 A derivation is cuTile's front end only (`ctbuild.tileir`, no tileiras): about 10 ms per entry.
 Into a build with many entries to check, helper processes (``python -m
-ctbuild.build.ir_derive``, one per spare core) take chunks of jobs over a pipe while this
+ctbuild.compile.ir_derive``, one per spare core) take chunks of jobs over a pipe while this
 process derives chunks itself, so a short list costs no start-up and a long one uses every core.
 A helper that dies hands its chunk back to this process.
 
@@ -70,7 +70,7 @@ class _Helper:
 
     def __init__(self, setup: Setup) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ctbuild.build.ir_derive"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "ctbuild.compile.ir_derive"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
         self.ready = False
         self.chunk: list[dict[str, Any]] | None = None
