@@ -96,7 +96,7 @@ def reference(name: str, args: tuple) -> tuple[int, Any]:
 
 #: (rtol, atol) per kernel; a transpose moves bits, so it must match exactly.
 TOLERANCE = {"silu_mul": (2e-2, 2e-2), "rmsnorm": (2e-2, 2e-2), "matmul": (2e-2, 5e-2),
-             "rope_inplace": (2e-2, 2e-2), "softmax_rows": (2e-2, 1e-3), "transpose": (0.0, 0.0)}
+             "rope_inplace": (2e-2, 2e-2), "softmax_rows": (2e-2, 1e-4), "transpose": (0.0, 0.0)}
 
 
 def check(name: str, args: tuple, expected: tuple[int, Any]) -> None:
