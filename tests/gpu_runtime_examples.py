@@ -19,8 +19,8 @@ EXAMPLES = ROOT / "examples"
 MODULES = ("demo_kernels.elementwise", "demo_kernels.rmsnorm", "demo_kernels.matmul",
            "demo_kernels.rope", "demo_kernels.dynamic")
 NAMES = ("silu_mul", "rmsnorm", "matmul", "rope_inplace", "softmax_rows", "transpose")
-#: Sizes of each `Dim` kernel's dims that are NOT bucket bounds: served by the bucket above
-#: (its tuning record) with a CUBIN of the range's relaxed class, never one built for that size.
+#: Sizes of each `Dim` kernel's dims that are NOT bucket bounds: no build or tuning was made
+#: for them; the bucket above's tuning record and the CUBINs precompiled for the range serve them.
 BETWEEN_BUCKETS = {"softmax_rows": {"ROWS": 1000}}
 ARCH = "sm_90"
 
