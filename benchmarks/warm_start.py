@@ -106,11 +106,13 @@ def cmd_cold(args: argparse.Namespace) -> int:
     import cuda.tile as ct
 
     from ctbuild.arch import Arch
+    from ctbuild.device_table import cuda_device
     kernels = ex.load_examples()
     t_import = time.perf_counter() - t0
     import torch
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
+    dev = cuda_device(torch.cuda.current_device())  # what a grid(cfg, w, dev) sizes itself by
     results = {}
     for name, tuned in kernels.items():
         args_, expected = ex.gpu_case(tuned, 0)
@@ -128,12 +130,12 @@ def cmd_cold(args: argparse.Namespace) -> int:
             return tuned.kernel_args(cfg, w)
 
         result = ct.tune.exhaustive_search(
-            cands, stream, lambda cfg, w=w, tuned=tuned: tuned.grid(cfg, w), tuned.kernel, args_fn,
-            tuned.hints, quiet=True)
+            cands, stream, lambda cfg, w=w, tuned=tuned: tuned.grid(cfg, w, dev), tuned.kernel,
+            args_fn, tuned.hints, quiet=True)
         best = result.best.config
         for n, s in snaps.items():
             w[n].copy_(s)
-        ct.launch(stream, tuned.grid(best, w), tuned.kernel.replace_hints(**tuned.hints(best)),
+        ct.launch(stream, tuned.grid(best, w, dev), tuned.kernel.replace_hints(**tuned.hints(best)),
                   tuned.kernel_args(best, w))
         torch.cuda.synchronize()
         first = time.perf_counter() - t

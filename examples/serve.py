@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+from demo_kernels.dynamic import softmax_rows, transpose  # noqa: E402
 from demo_kernels.elementwise import silu_mul  # noqa: E402
 from demo_kernels.matmul import matmul  # noqa: E402
 from demo_kernels.rmsnorm import rmsnorm  # noqa: E402
@@ -45,6 +46,11 @@ def inputs(kernel: ctbuild.TunedKernel) -> tuple:
     return tuple(out)
 
 
+#: (rtol, atol) where the default (2e-2, 5e-2) would pass anything: softmax probabilities are
+#: about 1e-3 here, and a transpose moves bits.
+TOLERANCE = {"softmax_rows": (2e-2, 1e-4), "transpose": (0.0, 0.0)}
+
+
 def expected(kernel: ctbuild.TunedKernel, a: tuple) -> tuple[int, torch.Tensor]:
     """(output argument index, torch result) -- computed before the kernel runs."""
     if kernel is silu_mul:
@@ -54,6 +60,10 @@ def expected(kernel: ctbuild.TunedKernel, a: tuple) -> tuple[int, torch.Tensor]:
         return 2, x * torch.rsqrt((x * x).mean(1, keepdim=True) + a[3]) * a[1].float()
     if kernel is matmul:
         return 2, a[0].float() @ a[1].float()
+    if kernel is softmax_rows:
+        return 1, torch.softmax(a[0].float(), dim=1)
+    if kernel is transpose:
+        return 1, a[0].float().t()
     half = a[0].shape[2] // 2
     x1, x2 = a[0][..., :half].float(), a[0][..., half:].float()
     c, s = a[1][:, None, :], a[2][:, None, :]
@@ -77,7 +87,7 @@ def main() -> int:
     header = (f"{'kernel':14} {'origin':8} {'first ms':>9} {'steady us':>10} {'ok':>3}  "
               "config (config from / cubin from)")
     print(header)
-    for kernel in (silu_mul, rmsnorm, matmul, rope_inplace):
+    for kernel in (silu_mul, rmsnorm, matmul, rope_inplace, softmax_rows, transpose):
         a = inputs(kernel)
         idx, want = expected(kernel, a)
         torch.cuda.synchronize()
@@ -85,7 +95,8 @@ def main() -> int:
         kernel(*a)
         torch.cuda.synchronize()
         first_ms = (time.perf_counter() - t) * 1e3
-        ok = torch.allclose(a[idx].float(), want, rtol=2e-2, atol=5e-2)
+        rtol, atol = TOLERANCE.get(kernel.name, (2e-2, 5e-2))
+        ok = torch.allclose(a[idx].float(), want, rtol=rtol, atol=atol)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(args.requests):

@@ -17,13 +17,17 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODULES = ("demo_kernels.elementwise", "demo_kernels.rmsnorm", "demo_kernels.matmul",
-           "demo_kernels.rope")
-NAMES = ("silu_mul", "rmsnorm", "matmul", "rope_inplace")
+           "demo_kernels.rope", "demo_kernels.dynamic")
+NAMES = ("silu_mul", "rmsnorm", "matmul", "rope_inplace", "softmax_rows", "transpose")
+#: Sizes of each `Dim` kernel's dims that are NOT bucket bounds: no build or tuning was made
+#: for them; the bucket above's tuning record and the CUBINs precompiled for the range serve them.
+BETWEEN_BUCKETS = {"softmax_rows": {"ROWS": 1000}}
 ARCH = "sm_90"
 
 
 def load_examples() -> dict[str, Any]:
-    """name -> TunedKernel of the four example kernels."""
+    """name -> TunedKernel of the example kernels (a `Dim` kernel's ``workloads`` are the
+    representatives of its buckets, so code that iterates them covers every bucket)."""
     import importlib
     for p in (str(ROOT), str(EXAMPLES)):
         if p not in sys.path:
@@ -81,11 +85,18 @@ def reference(name: str, args: tuple) -> tuple[int, Any]:
         x1, x2 = q[..., :half].float(), q[..., half:].float()
         c, s = cos[:, None, :], sin[:, None, :]
         return 0, torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(q.dtype)
+    if name == "softmax_rows":
+        x, out = args
+        return 1, torch.softmax(x.float(), dim=1).to(out.dtype)
+    if name == "transpose":
+        x, out = args
+        return 1, x.t().contiguous()
     raise KeyError(name)
 
 
+#: (rtol, atol) per kernel; a transpose moves bits, so it must match exactly.
 TOLERANCE = {"silu_mul": (2e-2, 2e-2), "rmsnorm": (2e-2, 2e-2), "matmul": (2e-2, 5e-2),
-             "rope_inplace": (2e-2, 2e-2)}
+             "rope_inplace": (2e-2, 2e-2), "softmax_rows": (2e-2, 1e-4), "transpose": (0.0, 0.0)}
 
 
 def check(name: str, args: tuple, expected: tuple[int, Any]) -> None:
@@ -97,6 +108,15 @@ def check(name: str, args: tuple, expected: tuple[int, Any]) -> None:
 
 def gpu_case(tuned: Any, workload_index: int = 0, seed: int = 0) -> tuple[tuple, tuple[int, Any]]:
     args = host_tensors(tuned.workloads[workload_index], device="cuda", seed=seed)
+    return args, reference(tuned.name, args)
+
+
+def between_buckets_case(tuned: Any, seed: int = 0) -> tuple[tuple, tuple[int, Any]]:
+    """Like `gpu_case`, for a `Dim` kernel at its `BETWEEN_BUCKETS` sizes (a call no bucket
+    representative has: what serving traffic looks like)."""
+    from ctbuild.dims import concretize
+    w = concretize(tuned.dynamic_workloads[0], BETWEEN_BUCKETS[tuned.name])
+    args = host_tensors(w, device="cuda", seed=seed)
     return args, reference(tuned.name, args)
 
 

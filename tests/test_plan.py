@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, run_cli
 
-EXAMPLE_KERNELS = {"silu_mul", "rmsnorm", "matmul", "rope_inplace"}
+EXAMPLE_KERNELS = {"silu_mul", "rmsnorm", "matmul", "rope_inplace", "softmax_rows", "transpose"}
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,19 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import cuda.tile as ct  # noqa: E402
-from gpu_runtime_examples import build_cache, check, gpu_case, load_examples  # noqa: E402
+from gpu_runtime_examples import (  # noqa: E402
+    BETWEEN_BUCKETS,
+    between_buckets_case,
+    build_cache,
+    check,
+    gpu_case,
+    load_examples,
+)
 
 import ctbuild  # noqa: E402
 from cache import Store  # noqa: E402
 from ctbuild import Product, Tensor, runtime  # noqa: E402
+from ctbuild.dims import dims_of  # noqa: E402
 from ctbuild.serve.miss_policy import CacheMissError  # noqa: E402
 from ctbuild.serve.served_kernel import STATS  # noqa: E402
 
@@ -116,6 +124,32 @@ def test_warm_launch_of_every_example_is_correct_with_no_compile(warm_cache: Pat
         assert prov["origins"]["cache"] == prov["launches"] == 2 * len(tuned.workloads), prov
         assert prov["misses"] == {}
         assert len(prov["entries"]) <= 2 * len(tuned.workloads)
+    assert STATS.jit_compiles == jit0
+
+
+@pytest.mark.parametrize("name", sorted(BETWEEN_BUCKETS))
+def test_a_dim_kernel_between_bucket_bounds_is_served_from_the_cache(warm_cache: Path,
+                                                                      name: str) -> None:
+    """A `Dim` example at a size that is no bucket bound (ROWS=1000): strict mode serves it
+    with the record of the bucket above and a CUBIN precompiled for the range (exact or
+    relaxed class; for this softmax the row count's divisibility is not in the signature, so
+    exact), never the generic fallback, with no compile; the result matches torch."""
+    runtime.configure(cache_dir=warm_cache, mode="strict")
+    tuned = KERNELS[name]
+    jit0 = STATS.jit_compiles
+    for seed in (0, 1):
+        args, expected = between_buckets_case(tuned, seed)
+        tuned(*args)
+        torch.cuda.synchronize()
+        check(name, args, expected)
+    prov = tuned.runtime.provenance()
+    assert prov["origins"]["cache"] == prov["launches"] == 2 and prov["misses"] == {}, prov
+    entry = prov["entries"][0]
+    sizes, dims = BETWEEN_BUCKETS[name], dims_of(tuned.dynamic_workloads[0])
+    assert not any(n in dims[d].buckets for d, n in sizes.items())  # no size was tuned itself
+    assert entry["bucket"] == {d: dims[d].bucket_of(n) for d, n in sizes.items()}, entry
+    assert entry["config_from"] in ("cache", "memory") and entry["cubin_from"] == "cache", entry
+    assert entry["cubin_class"] in ("exact", "relaxed"), entry
     assert STATS.jit_compiles == jit0
 
 

@@ -10,6 +10,7 @@ from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 import ctbuild  # noqa: E402
 from ctbuild import Product  # noqa: E402
+from ctbuild.device_table import nominal_device  # noqa: E402
 from ctbuild.keys import tuning_record_key  # noqa: E402
 from ctbuild.serve.live_args import align_of, spec_of, token, workload_spec  # noqa: E402
 from ctbuild.signature import derive_signature, signature_text  # noqa: E402
@@ -45,7 +46,8 @@ def test_tuning_key_and_signature_parity(name: str, index: int) -> None:
         s_live = derive_signature(tuned.kernel, tuned.kernel_args(cfg, live))
         s_spec = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w))
         assert signature_text(s_live) == signature_text(s_spec)
-        assert tuned.grid(cfg, real_w) == tuned.grid(cfg, spec_w)
+        dev = nominal_device("sm_90")  # a grid(cfg, w, dev) needs one; the others ignore it
+        assert tuned.grid(cfg, real_w, dev) == tuned.grid(cfg, spec_w, dev)
 
 
 def test_record_json_round_trip() -> None:
