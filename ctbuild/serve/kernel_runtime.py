@@ -1,4 +1,4 @@
-"""The hot path: launch a declared kernel warm from the cache.
+"""A declared kernel's runtime: its entries, the slow path that makes them, and the routing.
 
 ``matmul(a, b, c)`` (current torch stream) or ``matmul.launch(stream, a, b, c)`` runs the hot
 path's form for the call's argument kinds (`hot_path`, where its forms and routing are
@@ -15,8 +15,8 @@ and from then on the kernel's keys hold strides and pointer % 16 too (`KEY_LEVEL
 
 A call without an entry takes the slow path under the kernel's lock: `resolve` (winner, CUBIN,
 grid, arguments; the miss policy on a miss), then `_launch` (the general form of the hot
-path's launch), then the entry is published in the memo and the table. Importing this module imports neither Ray nor the
-farm.
+path's launch), then the entry is published in the memo and the table. Importing this module
+imports neither Ray nor the farm.
 """
 from __future__ import annotations
 
