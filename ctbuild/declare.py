@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-import time
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -304,18 +303,17 @@ class TunedKernel:
         consts = [w.args[p] for p in self.params if p in self.constant_args(w)]
         return [list(_jsonable(self.key_fn(w))), consts]
 
-    # ---- launching (the runtime is imported on first use only) ----------------------------
+    # ---- launching (the runtime is made on first use, by the factory the package wires in) --
     @property
     def runtime(self) -> Any:
         runtime = self._runtime
         if runtime is None:
             with _RUNTIME_LOCK:  # many first calls at once must share one runtime
                 if self._runtime is None:
-                    t0 = time.perf_counter()
-                    from .serve.kernel_runtime import KernelRuntime
-                    from .serve.ledger import LEDGER
-                    LEDGER.imported(time.perf_counter() - t0)
-                    self._runtime = KernelRuntime(self)
+                    if _make_runtime is None:
+                        raise RuntimeError("no runtime is wired in: import ctbuild (the "
+                                           "package wires the serve phase in)")
+                    self._runtime = _make_runtime(self)
                 runtime = self._runtime
         return runtime
 
@@ -389,6 +387,15 @@ def _is_duplicate(existing: TunedKernel, new: TunedKernel) -> bool:
     old, cur = existing.pyfunc.__code__, new.pyfunc.__code__
     return (old.co_filename, old.co_firstlineno) != (cur.co_filename, cur.co_firstlineno)
 _RUNTIME_LOCK = threading.Lock()
+#: Makes a declared kernel's runtime at its first call. The package wires the serve phase in
+#: (`ctbuild/__init__.py`, `set_runtime_factory`), so the declaration API imports no phase.
+_make_runtime: Callable[[TunedKernel], Any] | None = None
+
+
+def set_runtime_factory(make: Callable[[TunedKernel], Any]) -> None:
+    """Who makes a declared kernel's runtime (the serve phase's `KernelRuntime`)."""
+    global _make_runtime
+    _make_runtime = make
 #: Makes "is this still the kernel's runtime? then route to it" one step against a context
 #: reset dropping the runtime; held for nothing else (no other lock is taken inside it).
 _ROUTE_LOCK = threading.Lock()
