@@ -93,7 +93,8 @@ def print_costs(costs: list[KernelCost]) -> None:
     print("\nestimated cost (compile: CPU seconds of the jobs not cached; tune: one GPU):")
     print(f"  {'kernel':<16} {'jobs':>5} {'cached':>7} {'compile s':>10} {'tune s':>8}  source")
     for c in costs:
-        source = ("recorded" if c.recorded and c.recorded == c.jobs - c.cached else
+        source = ("all cached" if c.cached == c.jobs else
+                  "recorded" if c.recorded and c.recorded == c.jobs - c.cached else
                   f"{c.recorded} recorded, rest from tile sizes" if c.recorded else
                   "tile sizes")
         print(f"  {c.kernel:<16} {c.jobs:>5} {c.cached:>7} {c.compile_seconds:>10.1f} "
