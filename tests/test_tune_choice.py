@@ -120,3 +120,17 @@ def test_interior_sizes_lower_bound_and_geometric_midpoints():
     by_top = {b.to_json()["M"]: b for b in buckets(w)}
     assert interior_sizes(by_top[1024]) == [{"M": 513}, {"M": 646}, {"M": 813}]
     assert interior_sizes(by_top[1]) == []                               # one size only
+
+
+def test_verify_contenders_skip_what_a_hostile_record_holds():
+    """A record read from a shared cache: malformed ties, finalists and candidates are skipped;
+    the winner comes first, nothing twice."""
+    from ctbuild.records import TuningRecord
+    from ctbuild.tune.verify import contenders
+    rec = TuningRecord(kernel="k", config={"TILE": 64},
+                       choice={"ties": [{"config": {"TILE": 64}}, "junk", {"config": 3}]},
+                       runoff={"finalists": {"not": "a list"}},
+                       candidates=[{"config": {"TILE": 128}}, None, {"mean_us": 1.0}])
+    assert contenders(rec) == [{"TILE": 64}, {"TILE": 128}]
+    assert contenders(TuningRecord(kernel="k", config={"TILE": 64}, choice="x",  # type: ignore
+                                   runoff=[1], candidates="y")) == [{"TILE": 64}]  # type: ignore

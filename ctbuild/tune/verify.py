@@ -48,14 +48,17 @@ def recorded_for(entry: Entry, store: Store, device: Device, fp: str) -> TuningR
 
 
 def contenders(rec: TuningRecord) -> list[dict[str, Any]]:
-    """The recorded winner, then its ties, finalists and fastest screened candidates."""
-    pool = [rec.config]
-    pool += [t["config"] for t in (rec.choice or {}).get("ties", [])]
-    pool += [t["config"] for t in (rec.runoff or {}).get("finalists", [])]
-    pool += [c["config"] for c in rec.candidates]
+    """The recorded winner, then its ties, finalists and fastest screened candidates. A record
+    comes from a shared cache: rows that are not ``{"config": {...}}`` are skipped."""
+    def configs(section: Any, field: str) -> list[Any]:
+        rows = section.get(field) if isinstance(section, dict) else section
+        return [r.get("config") for r in rows if isinstance(r, dict)] \
+            if isinstance(rows, list) else []
+    pool = [rec.config, *configs(rec.choice, "ties"), *configs(rec.runoff, "finalists"),
+            *configs(rec.candidates, "")]
     out: list[dict[str, Any]] = []
     for c in pool:
-        if c is not None and c not in out:
+        if isinstance(c, dict) and c and c not in out:
             out.append(c)
     return out[:MAX_CONTENDERS]
 
