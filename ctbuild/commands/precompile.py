@@ -257,7 +257,8 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     todo = list(jobs.values())
     from ..compile.ir_check import check_cached, remember_build
     guard, ir_check = check_cached(project.cache_dir, project.modules, modules_paths(project),
-                                   toolchain, todo, args.workers)
+                                   toolchain.fingerprint, todo, args.workers,
+                                   toolchain.profile.get("bytecode_version"))
     estimate.plan(todo)
     result, error = _run_farm(args, farm, todo, stream)
     if error is not None:

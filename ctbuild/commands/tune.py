@@ -220,19 +220,12 @@ def check_identity(project: Any, kernels: list, arch: str, fp: str,
     when it was compiled (a hole in the kernel fingerprint) is removed with a warning, so it is
     reported missing, or compiled again with --compile-missing, never measured stale. Uses the
     recorded toolchain's bytecode version: a tuning node needs no tileiras for it."""
-    from cache import Store
-
     from ..arch import Arch
-    from ..compile.ir_check import IrGuard
+    from ..compile.ir_check import check_cached
     from ..compile.plan import make_plan
     plan = make_plan(kernels, [Arch(arch)], fp, project.cap, recorded)
-    with Store(project.cache_dir, readonly=False) as store:
-        profile = store.get_toolchain(fp) or {}
-        guard = IrGuard(project.cache_dir, project.modules, [str(p) for p in project.paths], fp,
-                        profile.get("bytecode_version"))
-        report = guard.check(store, [j.to_json() for j in plan.jobs.values()], workers)
-    for line in report.warnings():
-        print(line, file=sys.stderr)
+    check_cached(project.cache_dir, project.modules, [str(p) for p in project.paths], fp,
+                 [j.to_json() for j in plan.jobs.values()], workers)
 
 
 def _verify_line(v: dict[str, Any]) -> str:

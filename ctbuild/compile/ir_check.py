@@ -236,16 +236,19 @@ def _recorded(meta: dict[str, Any]) -> str | None:
 
 
 
-def check_cached(cache_dir: Path, modules: Sequence[str], paths: Sequence[str], toolchain: Any,
-                 jobs: Iterable[dict[str, Any]], workers: int | None) -> tuple[IrGuard, IrCheck]:
+def check_cached(cache_dir: Path, modules: Sequence[str], paths: Sequence[str],
+                 toolchain_fp: str, jobs: Iterable[dict[str, Any]], workers: int | None,
+                 bytecode_version: str | None = None) -> tuple[IrGuard, IrCheck]:
     """The check ``precompile`` and ``tune`` run on the cached entries they rely on (``jobs``:
-    `CompileJob` JSON; ``toolchain``: the probed `Toolchain`): warnings on stderr, mismatched
-    entries removed so the caller compiles them again as missing. Afterwards the caller hands
+    `CompileJob` JSON): warnings on stderr, mismatched entries removed so the caller compiles
+    them again as missing. ``bytecode_version`` None: the one the cache's profile of
+    ``toolchain_fp`` records (a tuning node needs no tileiras for it). Afterwards a build hands
     the keys it compiled to `remember_build`."""
     from cache import Store
-    guard = IrGuard(cache_dir, modules, paths, toolchain.fingerprint,
-                    toolchain.profile.get("bytecode_version"))
     with Store(cache_dir, readonly=False) as store:
+        if bytecode_version is None:
+            bytecode_version = (store.get_toolchain(toolchain_fp) or {}).get("bytecode_version")
+        guard = IrGuard(cache_dir, modules, paths, toolchain_fp, bytecode_version)
         report = guard.check(store, jobs, workers)
     for line in report.warnings():
         print(line, file=sys.stderr)
