@@ -169,12 +169,13 @@ def finals(run: FleetRun, entries: Sequence[Entry], results: dict[int, dict[str,
                for e in tuned}
     per_lane = run.each_lane([tuned] * len(run.gpus), mode="finals", payload=payload)
     times: dict[int, list[dict[str, Timing]]] = {e.index: [] for e in tuned}
+    names = {e.index: e.kernel.name for e in tuned}
     for lane in per_lane:
         for s in lane:
             if s.get("status") == "finals":
                 times[s["entry"]].append({json.dumps(t["config"], sort_keys=True): Timing(
-                    Config(t["config"], ""), t["mean_us"], t["ci_us"], t["samples"])
-                    for t in s["timings"]})
+                    Config(t["config"], names[s["entry"]]), t["mean_us"], t["ci_us"],
+                    t["samples"]) for t in s["timings"]})
     band = TieBand(run.opts.tie_band)
     for e in tuned:
         if len(times[e.index]) == len(run.gpus):
@@ -187,8 +188,7 @@ def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], st
            device: Device, fp: str, band: TieBand, run: FleetRun) -> dict[str, Any]:
     """The entry's record and summary with the fleet's winner (median across GPUs)."""
     common = set.intersection(*(set(t) for t in lanes))
-    fleet = [Timing(Config(json.loads(k), e.kernel.name),
-                    statistics.median(t[k].mean_us for t in lanes),
+    fleet = [Timing(lanes[0][k].config, statistics.median(t[k].mean_us for t in lanes),
                     statistics.median(t[k].ci_us for t in lanes),
                     sum(t[k].samples for t in lanes)) for k in sorted(common)]
     if not fleet:
