@@ -109,6 +109,11 @@ def series(of: str | None = None) -> Series | None:
 
 def problems() -> list[str]:
     """Every hook that is not what ctbuild relies on (empty when all fit)."""
+    return serve_problems() + build_problems()
+
+
+def serve_problems() -> list[str]:
+    """The hooks serving uses (checked at import: cheap, nothing parsed)."""
     found = []
     installed = series()
     if installed is None:
@@ -123,8 +128,16 @@ def problems() -> list[str]:
     found += _kernel_problems()
     for module, names in SERVE_NAMES.items():
         found += _missing(module, names, _live_names)
+    return found
+
+
+def build_problems() -> list[str]:
+    """The compiler's hooks, read from cuTile's sources without importing them (tens of ms of
+    parsing: checked at the first use of the compiler, never on a serving process's import)."""
+    found = []
     for module, names in BUILD_NAMES.items():
         found += _missing(module, names, _source_names)
+    installed = series()
     if installed is not None:
         found += _series_problems(installed)
     return found
@@ -233,9 +246,9 @@ def _missing(module: str, names: tuple[str, ...], lister: Callable[[str], set[st
     return [f"{module}.{n}" for n in names if n not in present]
 
 
-def check() -> None:
-    """Raise `UnsupportedCuTileError` naming every hook that changed."""
-    found = problems()
+def check(found: list[str] | None = None) -> None:
+    """Raise `UnsupportedCuTileError` naming every hook that changed (default: all of them)."""
+    found = problems() if found is None else found
     if found:
         raise UnsupportedCuTileError(
             "ctbuild cannot use this cuda-tile; changed: " + "; ".join(found)
@@ -243,7 +256,12 @@ def check() -> None:
               f"'cuda-tile[tileiras]{SUPPORTED}'")
 
 
-check()
+@functools.lru_cache(maxsize=1)
+def _check_build() -> None:
+    check(build_problems())
+
+
+check(serve_problems())
 
 
 # ---- the hooks, for the rest of ctbuild --------------------------------------------------------
@@ -305,7 +323,9 @@ def driver_version() -> int:
 
 
 def compiler() -> ModuleType:
-    """cuTile's compiler module (``compile_tile`` and friends); imported on first build use."""
+    """cuTile's compiler module (``compile_tile`` and friends); imported on first build use,
+    when its private hooks are checked (`build_problems`)."""
+    _check_build()
     return importlib.import_module("cuda.tile._compile")
 
 

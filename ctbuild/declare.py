@@ -390,12 +390,17 @@ _RUNTIME_LOCK = threading.Lock()
 #: Makes a declared kernel's runtime at its first call. The package wires the serve phase in
 #: (`ctbuild/__init__.py`, `set_runtime_factory`), so the declaration API imports no phase.
 _make_runtime: Callable[[TunedKernel], Any] | None = None
+#: Run once, at the first declaration: readies what making a runtime needs (the serve phase's
+#: imports), so a kernel's first call pays none of it.
+_prepare_runtime: Callable[[], None] | None = None
 
 
-def set_runtime_factory(make: Callable[[TunedKernel], Any]) -> None:
-    """Who makes a declared kernel's runtime (the serve phase's `KernelRuntime`)."""
-    global _make_runtime
-    _make_runtime = make
+def set_runtime_factory(make: Callable[[TunedKernel], Any],
+                        prepare: Callable[[], None] | None = None) -> None:
+    """Who makes a declared kernel's runtime (the serve phase's `KernelRuntime`), and what to
+    ready at the first declaration."""
+    global _make_runtime, _prepare_runtime
+    _make_runtime, _prepare_runtime = make, prepare
 #: Makes "is this still the kernel's runtime? then route to it" one step against a context
 #: reset dropping the runtime; held for nothing else (no other lock is taken inside it).
 _ROUTE_LOCK = threading.Lock()
@@ -446,5 +451,13 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
             raise tuned.error(f"declared twice: at {_where(existing)} and at {_where(tuned)}; "
                               "pass name= to tell them apart")
         _REGISTRY[tuned.name] = tuned
+        _ready_runtime()
         return tuned
     return wrap
+
+
+def _ready_runtime() -> None:
+    global _prepare_runtime
+    prepare, _prepare_runtime = _prepare_runtime, None
+    if prepare is not None:
+        prepare()

@@ -14,7 +14,8 @@ dataclass field defaults, and a dataclass instance records every field, shown or
 the kernel takes from builtins is recorded when it is not the interpreter's own builtin.
 
 A module is a library by where its file lives (the standard library's directory,
-site-packages, ctbuild's own packages), never by its name: a project's ``profile.py`` or
+site-packages, ctbuild's own packages, a distribution ``pip install --target`` put on the
+path), never by its name: a project's ``profile.py`` or
 ``mathx.py`` is followed like any project module.
 
 The decorators are left out on purpose: ``@ctbuild.autotune(...)`` decides which CUBINs are
@@ -31,6 +32,7 @@ import functools
 import importlib.util
 import inspect
 import json
+import linecache
 import os
 import re
 import sys
@@ -41,7 +43,7 @@ from typing import Any
 import xxhash
 
 from . import cutile
-from .user_code import LIBRARY_DIRS, OWN_DIRS
+from .user_code import LIBRARY_DIRS, OWN_DIRS, installed_file
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 _MISSING = object()
@@ -53,9 +55,10 @@ class FingerprintError(ValueError):
 
 @functools.lru_cache(maxsize=4096)
 def _library_file(path: str) -> bool:
-    """Whether a module file lives in a library's directory (stdlib, site-packages, ctbuild)."""
+    """Whether a module file lives in a library's directory (stdlib, site-packages, ctbuild, a
+    distribution installed in a ``PYTHONPATH`` directory)."""
     real = os.path.realpath(path)
-    return real.startswith(LIBRARY_DIRS) or real.startswith(OWN_DIRS)
+    return real.startswith(LIBRARY_DIRS) or real.startswith(OWN_DIRS) or installed_file(real)
 
 
 def _module_is_library(module: types.ModuleType) -> bool:
@@ -171,15 +174,62 @@ class _Normalize(ast.NodeTransformer):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _strip
 
 
+def _last_code_line(code: types.CodeType) -> int:
+    """The last source line any instruction of ``code`` or of a function nested in it spans."""
+    last = max((end for _, end, _, _ in code.co_positions() if end is not None), default=0)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            last = max(last, _last_code_line(const))
+    return last
+
+
+def _quick_tree(func: types.FunctionType) -> ast.Module | None:
+    """The parsed source of a ``def`` as `inspect.getsource` gives it, cut by indentation from
+    the code's own line table (inspect tokenizes: ~0.5 ms a function, most of a fingerprint on a
+    kernel's first call). None where the cut is not that one whole function (a lambda, a
+    signature on its own lines with nothing after it, an unusual layout): then inspect's."""
+    code = func.__code__
+    linecache.checkcache(code.co_filename)  # the file as it is now, as inspect reads it
+    lines = linecache.getlines(code.co_filename, func.__globals__)
+    start = code.co_firstlineno - 1
+    if not 0 <= start < len(lines):
+        return None
+    head = lines[start]
+    if not head.lstrip().startswith(("def ", "async ", "@")):
+        return None
+    indent = len(head) - len(head.lstrip())
+    end = _last_code_line(code)  # 1-based: lines[start:end] holds every instruction
+    if end <= start:
+        return None
+    for i in range(end, len(lines)):  # code that compiles to nothing (pass, dead branches)
+        text = lines[i].lstrip()
+        if text and not text.startswith("#"):
+            if len(lines[i]) - len(text) <= indent:
+                break
+            end = i + 1
+    try:
+        tree = ast.parse(textwrap.dedent("".join(lines[start:end])))
+    except SyntaxError:
+        return None
+    body = tree.body
+    if len(body) != 1 or not isinstance(body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) \
+            or body[0].name != code.co_name:
+        return None
+    return tree
+
+
 def _code_tree(func: types.FunctionType) -> ast.AST:
-    try:
-        source = textwrap.dedent(inspect.getsource(func))
-    except (OSError, TypeError) as exc:
-        raise FingerprintError(f"cannot read the source of {func.__qualname__}: {exc}") from exc
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:  # a lambda in the middle of an expression: keep its own text
-        tree = ast.parse(f"({source.strip().rstrip(',')})")
+    tree = _quick_tree(func)
+    if tree is None:
+        try:
+            source = textwrap.dedent(inspect.getsource(func))
+        except (OSError, TypeError) as exc:
+            raise FingerprintError(
+                f"cannot read the source of {func.__qualname__}: {exc}") from exc
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a lambda in the middle of an expression: keep its own text
+            tree = ast.parse(f"({source.strip().rstrip(',')})")
     return _Normalize().visit(tree)
 
 

@@ -147,15 +147,15 @@ def _as_v1(c: Any) -> Any:
     return c
 
 
-def weaken(signature: KernelSignature, weakening: Weakening, function_name: str
-           ) -> KernelSignature:
-    """The signature of the CUBIN of class ``weakening.cls`` that serves ``signature``.
+def weakened(signature: KernelSignature, weakening: Weakening) -> KernelSignature:
+    """The signature of the CUBIN of class ``weakening.cls`` that serves ``signature``, with no
+    symbol: what its compile key spells (mangling costs ~0.1-1 ms, and a key never needs it).
 
     Pure and deterministic: the calling convention is v2 only if something still needs it
-    (a tuple, or a shape constant left on a static dim), else v1; the symbol is re-mangled.
+    (a tuple, or a shape constant left on a static dim), else v1.
     """
     if weakening.cls == EXACT:
-        return signature.with_mangled_symbol(function_name)
+        return signature.with_symbol(None)
     if weakening.cls not in CLASSES:
         raise ValueError(f"unknown signature class {weakening.cls!r}")
     dyn = weakening.dynamics or (None,) * len(signature.parameters)
@@ -165,7 +165,13 @@ def weaken(signature: KernelSignature, weakening: Weakening, function_name: str
     else:
         cconv = CallingConvention.cutile_python_v1()
         params = [_as_v1(c) for c in params]
-    return KernelSignature(params, cconv).with_mangled_symbol(function_name)
+    return KernelSignature(params, cconv)
+
+
+def weaken(signature: KernelSignature, weakening: Weakening, function_name: str
+           ) -> KernelSignature:
+    """`weakened`, with the symbol its CUBIN's kernel has (mangled from ``function_name``)."""
+    return weakened(signature, weakening).with_mangled_symbol(function_name)
 
 
 def lattice(patterns: Sequence[ParamDynamics]) -> list[Weakening]:

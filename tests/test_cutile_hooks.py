@@ -167,3 +167,18 @@ def test_both_compile_paths_give_a_cubin() -> None:
         ir = cutile.front_end(kernel, signature, "sm_90", cutile.compiler_options(kernel))
     assert ir.bytecode and not (ir.preview_features or ir.linker_inputs or
                                 ir.lifecycle_providers)
+
+
+def test_compiler_hooks_are_checked_at_first_compiler_use(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Import checks only what serving uses (parsing cuTile's compiler sources costs tens of
+    ms, which a serving process never needs); the compiler's hooks are checked before the
+    compiler is first handed out, and a changed one is refused there."""
+    assert "gone_hook" not in "; ".join(cutile.serve_problems())
+    monkeypatch.setitem(cutile.BUILD_NAMES, "cuda.tile._compile", ("compile_tile", "gone_hook"))
+    cutile._check_build.cache_clear()
+    try:
+        with pytest.raises(cutile.UnsupportedCuTileError, match="cuda.tile._compile.gone_hook"):
+            cutile.compiler()
+    finally:
+        cutile._check_build.cache_clear()

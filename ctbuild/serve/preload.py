@@ -1,6 +1,6 @@
 """Reading a GPU's tuned CUBINs before the first call: ``ctbuild.runtime.preload()``.
 
-A first call pays for the serving modules' import, the cache's opening, the CUDA context, its
+A first call pays for the cache's opening, the CUDA context, its
 tuning record and CUBIN (read from disk and re-hashed) and resolving it. `preload` does all of
 that ahead, on a thread by default: it reads every tuning record of this GPU (its arch and
 name, the cache's toolchain; only the named kernels' where ``kernels`` is given), holds each

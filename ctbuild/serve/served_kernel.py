@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,8 @@ import cuda.tile as ct
 from ..arch import Arch
 from ..cutile import ServingKernel
 from ..keys import kernel_compile_key
-from ..signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weaken
+from ..signature import signature_text
+from ..signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weakened
 from ..space import Config
 from .kernel_store import KernelStore
 from .ledger import LEDGER
@@ -64,6 +65,27 @@ LAST_SERVED = threading.local()
 MissHandler = Callable[["ServedKernel", Any, Any, str], tuple[bytes, str]]
 
 
+class _Candidates:
+    """One call signature's (weakening, weakened signature, compile key) list, derived only as
+    far as a lookup reads it: the first cached class ends the search, so the keys of weaker
+    classes are seldom needed (each costs a signature rewrite and a hash)."""
+
+    def __init__(self, weakenings: Sequence[Weakening],
+                 make: Callable[[Weakening], tuple[Weakening, Any, str]]) -> None:
+        self._weakenings = tuple(weakenings)
+        self._make = make
+        self._done: list[tuple[Weakening, Any, str]] = []
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[tuple[Weakening, Any, str]]:
+        for i in range(len(self._weakenings)):
+            if i >= len(self._done):
+                with self._lock:
+                    while len(self._done) <= i:
+                        self._done.append(self._make(self._weakenings[len(self._done)]))
+            yield self._done[i]
+
+
 @dataclass
 class CubinSource:
     """Where served kernels get CUBINs: a cache store under one toolchain fingerprint."""
@@ -72,37 +94,31 @@ class CubinSource:
     on_miss: MissHandler | None = None
     #: ``CTBUILD_VERIFY=ir``: (tuned, cfg, signature, arch, key, meta) -> may it be served
     verify: Callable[..., bool] | None = None
-    #: `candidates` by (kernel, config, exact symbol, arch): resolving a call and serving its
-    #: launch ask for the same list, and mangling each weakened signature costs ~0.1 ms.
-    _candidates: dict[tuple, list] = field(default_factory=dict, repr=False)
+    #: `candidates` by (kernel, config, exact signature, arch): resolving a call and serving
+    #: its launch ask for the same list.
+    _candidates: dict[tuple, _Candidates] = field(default_factory=dict, repr=False)
 
     def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str) -> str:
         """The compile key of the exact CUBIN for ``signature``."""
-        return kernel_compile_key(tuned, cfg, weaken(signature, EXACT_WEAKENING,
-                                                     tuned.pyfunc.__name__),
+        return kernel_compile_key(tuned, cfg, weakened(signature, EXACT_WEAKENING),
                                   arch, self.toolchain_fp or "")
 
     def candidates(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
-                   ) -> list[tuple[Weakening, Any, str]]:
-        """(weakening, weakened signature, compile key) to try for a call, most specialised
-        first: exact, relaxed under each declared dynamic pattern, generic."""
-        name = tuned.pyfunc.__name__
-        # The mangled symbol spells the whole signature (the dispatcher's come unmangled).
-        symbol = getattr(signature, "symbol", None) or \
-            signature.with_mangled_symbol(name).symbol
-        memo = (tuned.name, tuned.fingerprint, cfg, symbol, arch)
+                   ) -> Iterator[tuple[Weakening, Any, str]]:
+        """(weakening, weakened signature without symbol, compile key) to try for a call, most
+        specialised first: exact, relaxed under each declared dynamic pattern, generic."""
+        memo = (tuned.name, tuned.fingerprint, cfg, signature_text(signature), arch)
         found = self._candidates.get(memo)
-        if found is not None:
-            return found
-        out = []
-        for weakening in lattice(dynamic_patterns(tuned, cfg)):
-            sig = weaken(signature, weakening, name)
-            out.append((weakening, sig, kernel_compile_key(tuned, cfg, sig, arch,
-                                                           self.toolchain_fp or "")))
-        if len(self._candidates) >= MAX_CANDIDATE_LISTS:
-            self._candidates.clear()
-        self._candidates[memo] = out
-        return out
+        if found is None:
+            def make(weakening: Weakening) -> tuple[Weakening, Any, str]:
+                sig = weakened(signature, weakening)
+                return weakening, sig, kernel_compile_key(tuned, cfg, sig, arch,
+                                                          self.toolchain_fp or "")
+            if len(self._candidates) >= MAX_CANDIDATE_LISTS:
+                self._candidates.clear()
+            found = self._candidates[memo] = _Candidates(
+                lattice(dynamic_patterns(tuned, cfg)), make)
+        return iter(found)
 
     def covering(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
                  ) -> tuple[str, str] | None:
@@ -130,6 +146,7 @@ class CubinSource:
             hit = self.store.get_compile(key)
             if hit is None:
                 continue
+            sig = sig.with_mangled_symbol(tuned.pyfunc.__name__)  # the CUBIN's kernel name
             if hit.symbol != sig.symbol:
                 log.warning("%s: cached symbol %s differs from %s; treating as a miss",
                             tuned.name, hit.symbol, sig.symbol)
@@ -169,7 +186,7 @@ class ServedKernel(ServingKernel):
                          opt_level=options.opt_level, num_worker_warps=options.num_worker_warps)
         self.tuned, self.config, self.source = tuned, cfg, source
         self.pinned = pinned
-        self.pin: str | None = None  # the mangled symbol of the one signature it serves
+        self.pin: str | None = None  # the text of the one signature it serves
         self._pin_lock = threading.Lock()
 
     def serve(self, signature: Any, context: Any, arch: Arch) -> tuple[bytes, str]:
@@ -193,13 +210,17 @@ class ServedKernel(ServingKernel):
 
     def _check_pin(self, signature: Any) -> None:
         """Pin on the first signature; raise `LayoutChanged` for any other."""
-        symbol = signature.with_mangled_symbol(self.tuned.pyfunc.__name__).symbol
+        text = signature_text(signature)
         with self._pin_lock:
             if self.pin is None:
-                self.pin = symbol
-            elif symbol != self.pin:
-                raise LayoutChanged(f"kernel {self.tuned.name!r}: launch signature {symbol} "
-                                    f"differs from the pinned {self.pin}")
+                self.pin = text
+                return
+            if text == self.pin:
+                return
+        name = self.tuned.pyfunc.__name__
+        raise LayoutChanged(f"kernel {self.tuned.name!r}: launch signature "
+                            f"{signature.with_mangled_symbol(name).symbol} differs from the "
+                            f"pinned one ({self.pin})")
 
     def jit_compile(self, signature: Any, context: Any, arch: str) -> tuple[bytes, str]:
         """Compile with cuTile's own path (tileiras); counted in ``STATS.jit_compiles``."""
