@@ -102,4 +102,3 @@ def make_inputs(tuned: TunedKernel, w: Mapping[str, Any], device: Any = "cuda", 
 
     return Workload({name: chosen[name] if name in chosen else real(value)
                      for name, value in w.items()})
-
