@@ -244,8 +244,9 @@ def test_inplace_restore_leaves_one_clean_launch(tmp_path, monkeypatch, examples
 
 
 def test_make_inputs_specs_and_hook(fixture_kernels):
+    from ctbuild.serve.live_args import spec_of
     from ctbuild.specs import Tensor
-    from ctbuild.tune.inputs import make_inputs, spec_of
+    from ctbuild.tune.inputs import make_inputs
     twice = fixture_kernels["twice"]
     w = make_inputs(twice, twice.workloads[0], "cpu")
     assert torch.equal(w.X, torch.arange(1 << 18, dtype=torch.float32))   # the inputs hook

@@ -1,8 +1,9 @@
 """Real call arguments (torch tensors, Python scalars) seen as the build sees them.
 
 The build plans with `Tensor`/`Scalar` specs; at run time the same kernel gets real tensors.
-This module turns real arguments into specs (for miss records and for deriving the compile key
-on the slow path) and into a cheap hashable *token* per argument (for the hot-path memo).
+This module turns real arguments into specs (`spec_of`: for miss records, for deriving the
+compile key on the slow path, and for online tuning's keys) and into a cheap hashable *token*
+per argument (for the hot-path memo).
 
 A token covers everything a declaration's ``grid``/``args``/``key`` functions may read (shape,
 strides, dtype, scalar values, constant values) plus what cuTile's launch signature depends on
@@ -12,7 +13,7 @@ on specs that hold no data, so they cannot depend on tensor contents or exact ad
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from ..specs import Scalar, Tensor, Workload, dtype_name
 
@@ -57,24 +58,24 @@ def align_of(ptr: int) -> int:
     return min(ptr & -ptr, MAX_ALIGN)
 
 
-def spec_of(value: Any) -> Any:
-    """The build-time spec of one real argument: `Tensor` for arrays, `Scalar` for Python
-    scalars bound to non-constant parameters (``constant=True`` keeps the value itself), lists
-    and tuples element-wise."""
-    return _spec(value, constant=False)
+def spec_of(value: Any, *, keep_scalars: bool = False) -> Any:
+    """The build-time spec of one real argument: `Tensor` for arrays (shape, dtype, strides
+    and the alignment of the base pointer), lists and tuples element-wise, a Python scalar a
+    `Scalar` of its type -- or, with ``keep_scalars``, the scalar itself. Specs pass through.
 
-
-def _spec(value: Any, constant: bool) -> Any:
+    The one place a live argument becomes a spec: the runtime (miss records, the compile key of
+    a call) and online tuning (`call_spec`) both go through it, so they cannot disagree on a
+    tensor's spec; they differ only in what a scalar is, for the reasons given there."""
     if isinstance(value, (Tensor, Scalar)):
         return value
     if is_array(value):
         return Tensor(tuple(int(d) for d in value.shape), dtype_name(value.dtype),
                       tuple(int(s) for s in value.stride()), align_of(data_ptr(value)))
     if isinstance(value, tuple):
-        return tuple(_spec(v, constant) for v in value)
+        return tuple(spec_of(v, keep_scalars=keep_scalars) for v in value)
     if isinstance(value, list):
-        return [_spec(v, constant) for v in value]
-    if constant:
+        return [spec_of(v, keep_scalars=keep_scalars) for v in value]
+    if keep_scalars:
         return value
     if isinstance(value, bool):
         return Scalar("bool", value)
@@ -88,9 +89,21 @@ def _spec(value: Any, constant: bool) -> Any:
 def workload_spec(tuned: Any, w: Workload) -> Workload:
     """The call's workload as specs, the way `ctbuild precompile --from-record` will plan it.
 
-    Arguments bound to ``ct.Constant`` parameters keep their value (it is in the key)."""
+    Arguments bound to ``ct.Constant`` parameters keep their value (it is in the key); other
+    Python scalars become `Scalar` s (a runtime value: one CUBIN serves them all)."""
     consts = tuned.constant_args(w)
-    return Workload({name: _spec(v, name in consts) for name, v in w.items()})
+    return Workload({name: spec_of(v, keep_scalars=name in consts) for name, v in w.items()})
+
+
+def call_spec(w: Mapping[str, Any]) -> Workload:
+    """The call with its tensors as specs and its scalars as they are (online tuning).
+
+    Online tuning keys its record with the declaration's ``key`` function on this, and the
+    runtime looks the record up with the same function on the call itself: a key that reads a
+    scalar's value sees that value in both (a `Scalar` would put its text in the key, and the
+    record would never be found). The compile keys are the same either way: a Python scalar
+    and the `Scalar` of its type give cuTile the same signature."""
+    return Workload({name: spec_of(v, keep_scalars=True) for name, v in w.items()})
 
 
 def device_of(value: Any) -> int | None:

@@ -1,4 +1,4 @@
-"""Real arguments for a workload spec (tuning on a GPU), and specs for real arguments.
+"""Real arguments for a workload spec (tuning on a GPU).
 
 `make_inputs` turns a declared workload (``Tensor``/``Scalar`` specs) into CUDA tensors with
 random data, honouring strides and base-address alignment so that the launch signature -- and so
@@ -7,8 +7,8 @@ a kernel may carry an ``inputs`` hook: ``tuned.inputs = fn`` with ``fn(w_spec, d
 mapping`` of the call arguments it wants to choose (the others stay random). The hook is read
 with ``getattr(tuned, "inputs", None)``; no declaration change is needed.
 
-`spec_of` goes the other way: the `Tensor` spec of a real tensor (shape, dtype, strides and the
-alignment of its base pointer), used to key and record online tuning of real calls.
+The other way, specs of real arguments (online tuning), is `ctbuild.serve.live_args.call_spec`:
+one derivation for the runtime and the tuner.
 """
 from __future__ import annotations
 
@@ -102,23 +102,3 @@ def make_inputs(tuned: TunedKernel, w: Mapping[str, Any], device: Any = "cuda", 
 
     return Workload({name: chosen[name] if name in chosen else real(value)
                      for name, value in w.items()})
-
-
-def spec_of(value: Any) -> Any:
-    """The spec of one real argument (a torch tensor -> `Tensor`, a Python scalar -> itself)."""
-    if hasattr(value, "data_ptr") and hasattr(value, "stride") and hasattr(value, "dtype"):
-        ptr = int(value.data_ptr())
-        align = 256
-        while align > 1 and ptr % align:
-            align //= 2
-        return Tensor(tuple(int(d) for d in value.shape), dtype_name(value.dtype),
-                      tuple(int(s) for s in value.stride()), align)
-    if isinstance(value, tuple):
-        return tuple(spec_of(v) for v in value)
-    if isinstance(value, list):
-        return [spec_of(v) for v in value]
-    return value
-
-
-def specs_of(w: Mapping[str, Any]) -> Workload:
-    return Workload({k: spec_of(v) for k, v in w.items()})

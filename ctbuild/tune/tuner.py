@@ -44,7 +44,7 @@ from ..space import Config
 from ..specs import Workload, spec_to_json
 from ..toolchain import toolchain_for
 from .choice import Choice, TieBand, Timing, choose
-from .inputs import has_specs, make_inputs, specs_of
+from .inputs import has_specs, make_inputs
 from .measuring import Bench, config_key
 from .regret import bucket_regret, summary
 from .runoff import RunoffBudget, RunoffResult, finalists, runoff
@@ -313,6 +313,8 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     """
     import torch
 
+    from ..serve.live_args import call_spec  # with torch: not at `ctbuild tune --help`
+
     started = time.perf_counter()
     settings = settings or TuneSettings()
     device = device or current_device()
@@ -320,7 +322,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
         raise ValueError("tune_workload needs a store to read CUBINs from, or served=")
     fp = toolchain_fp or (toolchain_for(store) if store is not None else "")
     real = has_specs(w) is False and len(w) > 0
-    spec = specs_of(w) if real else Workload(dict(w))
+    spec = call_spec(w) if real else Workload(dict(w))
     plan = plan_candidates(tuned, spec, device.arch, fp, cap, configs, dict(exclude or {}))
     order, n_measure = arrivals(plan, tuned, store, device.arch, fp, pool, served is not None)
     benches = Benches(tuned, store, fp, device, stream=stream, input_device=input_device,
