@@ -37,6 +37,7 @@ def _import_serve() -> None:
     a kernel's first call (which should cost only the CUBIN's load and launch). The cold-start
     ledger times it."""
     started = _time.perf_counter()
+    from . import toolchain  # noqa: F401 - the runtime's context reads the cache's profiles
     from .serve.kernel_runtime import KernelRuntime  # noqa: F401
     from .serve.ledger import LEDGER
     LEDGER.imported(_time.perf_counter() - started)

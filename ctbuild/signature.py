@@ -297,8 +297,11 @@ def _needs_v2(constraint: Any) -> bool:
     return False
 
 
-def derive_signature(kernel: Any, kernel_args: Sequence[Any]) -> KernelSignature:
-    """The signature (with mangled symbol) cuTile would derive when launching with these args.
+def derive_signature(kernel: Any, kernel_args: Sequence[Any], mangled: bool = True
+                     ) -> KernelSignature:
+    """The signature cuTile would derive when launching with these args, with its mangled
+    symbol unless ``mangled`` is False (mangling costs ~1 ms; keys and the runtime's identity
+    of a signature need only `signature_text`).
 
     ``kernel_args`` hold `Tensor` specs (or lists/tuples of them), `Scalar` specs, Python
     scalars and constant values, in parameter order.
@@ -318,7 +321,8 @@ def derive_signature(kernel: Any, kernel_args: Sequence[Any]) -> KernelSignature
     if not any(_needs_v2(c) for c in derived):
         cconv = CallingConvention.cutile_python_v1()
         derived = constraints(cconv)
-    return KernelSignature(derived, cconv).with_mangled_symbol(annotated.pyfunc.__name__)
+    signature = KernelSignature(derived, cconv)
+    return signature.with_mangled_symbol(annotated.pyfunc.__name__) if mangled else signature
 
 
 def int_constants(signature: KernelSignature) -> list[int]:

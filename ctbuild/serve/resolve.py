@@ -21,7 +21,7 @@ from ..dims import find_bucket
 from ..keys import record_key_for
 from ..miss_reasons import beyond_range
 from ..records import stored_tuning
-from ..signature import derive_signature
+from ..signature import derive_signature, signature_text
 from ..space import Config
 from ..specs import Workload
 from .declaration_reads import DeclarationReads
@@ -59,7 +59,7 @@ class Resolved:
     workload: Workload
     workload_json: dict[str, Any]
     keys_needed: str            # the key level the declared functions' reads need
-    signature: str | None       # mangled symbol of the exact launch signature, if derivable
+    signature: str | None       # `signature_text` of the exact launch signature, if derivable
     spec: Workload | None = None  # the call as specs (`live_args.workload_spec`)
 
 
@@ -203,20 +203,22 @@ class Resolver:
 
     def _cover(self, cfg: Config, spec_w: Workload, arch: str
                ) -> tuple[str | None, str | None, str | None]:
-        """(compile key, class, signature symbol) of the most specialised cached CUBIN serving
-        this call with this config, or (the exact compile key, None, symbol) when none does --
+        """(compile key, class, signature text) of the most specialised cached CUBIN serving
+        this call with this config, or (the exact compile key, None, text) when none does --
         the same lattice `ServedKernel._compile` walks inside the launch. (None, "exact", None)
         when the signature cannot be derived up front: the dispatcher will judge."""
         tuned, ctx = self.tuned, self.ctx
         try:
-            signature = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w))
+            signature = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w),
+                                         mangled=False)
         except Exception as exc:  # the dispatcher will judge; ServedKernel handles a miss
             log.debug("ctbuild: %s: cannot derive the signature up front: %s", tuned.name, exc)
             return None, "exact", None
         found = ctx.source.covering(tuned, cfg, signature, arch)
+        text = signature_text(signature)
         if found is not None:
-            return found[1], found[0], signature.symbol
-        return ctx.source.key_for(tuned, cfg, signature, arch), None, signature.symbol
+            return found[1], found[0], text
+        return ctx.source.key_for(tuned, cfg, signature, arch), None, text
 
     def _in_space(self, cfg: Config) -> bool:
         if self._space is None:
