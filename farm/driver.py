@@ -252,7 +252,7 @@ class Driver:
         """Receive from whichever workers are ready, waiting at most ``timeout`` seconds;
         whether anything came."""
         if not watched:
-            self.pool.ray.wait(timeout)  # nothing to hear from until Ray is up
+            self.pool.wait_for_start(timeout)  # nothing to hear from until Ray is up
             return False
         slot_of = {s.worker: s for s in watched}
         ready = ready_workers(list(slot_of), timeout)

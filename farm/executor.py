@@ -78,7 +78,7 @@ class Farm:
     @property
     def ray_requested(self) -> bool:
         """Whether Ray is started, starting or joined (then this run uses Ray's workers)."""
-        return self.pool.ray.requested
+        return self.pool.ray_requested
 
     def start(self, n_jobs: int | None = None) -> None:
         """Start or join Ray (unless a background start did) and spawn the workers, at most

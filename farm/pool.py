@@ -77,6 +77,11 @@ class WorkerPool:
         return self.ray.started
 
     @property
+    def ray_requested(self) -> bool:
+        """Whether Ray is started, starting or joined."""
+        return self.ray.requested
+
+    @property
     def reaper(self) -> int | None:
         """The watchdog that stops what this farm started if the driver is SIGKILLed."""
         return self.ray.reaper if self.ray.reaper is not None else self.local_reaper
@@ -145,6 +150,10 @@ class WorkerPool:
             return True
         self.start(n_jobs)
         return False
+
+    def wait_for_start(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a background start (no worker to hear from yet)."""
+        self.ray.wait(timeout)
 
     def _spec(self) -> dict[str, Any]:
         """What every worker is set up with (`farm.worker.FarmWorker`)."""
