@@ -23,7 +23,8 @@ nor any GPU code.
     with Farm(cache_dir, "ctbuild.compile.compiler:compile_job", workers=8) as farm:
         result = farm.run(jobs)
 """
-from .executor import Farm, FarmOptions, run_jobs
+from .executor import Farm, run_jobs
+from .options import FarmOptions
 from .records import FarmError, FarmResult, JobRecord
 
 __all__ = ["Farm", "FarmError", "FarmOptions", "FarmResult", "JobRecord", "run_jobs"]

@@ -23,8 +23,8 @@ def test_local_only_farm_compiles_and_replaces_a_dead_worker(tmp_path, monkeypat
               max_retries=1, setup_fn="farm_fixture_fns:setup", setup_args=("tc",),
               sys_paths=[str(FIXTURE)], expect={"toolchain": "tc"}) as farm:
         result = farm.run(jobs)
-        assert farm._reaper is not None  # a SIGKILLed driver takes its workers along
-    assert farm._reaper is None and not farm.started
+        assert farm.reaper is not None  # a SIGKILLed driver takes its workers along
+    assert farm.reaper is None and not farm.started
     status = {r.key: r for r in result.records}
     assert all(status[f"k{i}"].status == "compiled" for i in range(5)), status
     assert status["boom"].status == "failed" and status["boom"].error_type == "WorkerDied"
