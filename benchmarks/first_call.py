@@ -7,7 +7,8 @@ DIR is a tuned cache of the example kernels for this GPU (``benchmarks/warm_star
 DIR`` builds one). The sources are byte-compiled first (``python -m compileall``), as an
 installed package has them. Then, per example kernel, each figure is the median over
 ``--repeat`` fresh processes (``CTBUILD_MODE=strict``; the CUDA context, the inputs and their
-torch reference are made before the clock starts; ``import ctbuild`` is timed on its own):
+torch reference are made before the clock starts; ``import cuda.tile`` and then
+``import ctbuild`` are timed on their own):
 
   first      the first call of the first served kernel of the process
   later      its first call after another kernel's (a later new CUBIN: the runtime is warm)
@@ -47,6 +48,9 @@ def child(scenario: str, name: str) -> dict[str, Any]:
     torch.empty(1, device="cuda")
     torch.cuda.synchronize()  # the CUDA context exists from here
     t = time.perf_counter()
+    import cuda.tile  # noqa: F401 - every cuTile program imports it, with or without ctbuild
+    cutile_ms = (time.perf_counter() - t) * 1e3
+    t = time.perf_counter()
     import ctbuild  # noqa: F401
     import_ms = (time.perf_counter() - t) * 1e3
     import gpu_runtime_examples as ex
@@ -62,7 +66,7 @@ def child(scenario: str, name: str) -> dict[str, Any]:
         torch.cuda.synchronize()
     if scenario == "floor":
         ms, ok = floor(kernels[name])
-        return {"ms": ms, "ok": ok, "import_ms": import_ms}
+        return {"ms": ms, "ok": ok, "import_ms": import_ms, "cutile_ms": cutile_ms}
     tuned = kernels[name]
     args, expected = ex.gpu_case(tuned)
     torch.cuda.synchronize()
@@ -73,7 +77,7 @@ def child(scenario: str, name: str) -> dict[str, Any]:
     done = time.perf_counter()
     ex.check(name, args, expected)
     return {"ms": (done - t) * 1e3, "host_ms": (host - t) * 1e3, "ok": True,
-            "import_ms": import_ms}
+            "import_ms": import_ms, "cutile_ms": cutile_ms}
 
 
 def floor(tuned: Any) -> tuple[float | None, bool]:
@@ -204,7 +208,8 @@ def main() -> int:
     rows: dict[str, dict[str, Any]] = {}
     print(f"first call on {device}: ms from the call to its synchronized result, median of "
           f"{args.repeat} fresh byte-compiled processes (x: ratio to the floor)")
-    print(f"{'kernel':14}" + "".join(f"{s:>17}" for s in SCENARIOS) + f"{'import':>9}")
+    print(f"{'kernel':14}" + "".join(f"{s:>17}" for s in SCENARIOS) + f"{'import':>9}"
+          f"{'cuda.tile':>10}")
     for name in ex.NAMES:
         runs = {s: [measure(args.cache, name, s) for _ in range(args.repeat)] for s in SCENARIOS}
         row: dict[str, Any] = {}
@@ -213,15 +218,16 @@ def main() -> int:
             row[s] = {"ms": statistics.median(times) if times else None,
                       "ok": all(r.get("ok") for r in results),
                       "errors": sorted({r["error"] for r in results if "error" in r})}
-        imports = [r["import_ms"] for rs in runs.values() for r in rs if "import_ms" in r]
-        row["import_ms"] = statistics.median(imports) if imports else None
+        for what in ("import_ms", "cutile_ms"):
+            seen = [r[what] for rs in runs.values() for r in rs if what in r]
+            row[what] = statistics.median(seen) if seen else None
         base = row["floor"]["ms"]
         for s in SCENARIOS:
             ms = row[s]["ms"]
             row[s]["ratio"] = ms / base if ms is not None and base else None
         rows[name] = row
         print(f"{name:14}" + "".join(_cell(row[s]) for s in SCENARIOS) +
-              f"{_num(row['import_ms']):>9}")
+              f"{_num(row['import_ms']):>9}{_num(row['cutile_ms']):>10}")
         for s in SCENARIOS:
             for e in row[s]["errors"]:
                 print(f"  {s}: {e}")
