@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..arch import Arch
-from ..device_table import DeviceInfo, cuda_device, nominal_device
 from ..bucket_map import BucketMapError, Split, read_splits, split_for, why
+from ..device_table import DeviceInfo, cuda_device, nominal_device
 from ..dims import Bucket, find_bucket, match
 from ..keys import record_key_for
 from ..miss_reasons import beyond_range
