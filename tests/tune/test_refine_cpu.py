@@ -72,6 +72,7 @@ class _Stream:
 def test_refine_splits_tunes_and_serves_sub_buckets(runtime_store, monkeypatch) -> None:
     from ctbuild import runtime
     from ctbuild.commands.tune import refine_lines
+    from ctbuild.compile.coverage import refined_buckets, refined_lines
     from ctbuild.dims import Bucket
     from ctbuild.project import load_project
     from ctbuild.specs import Tensor
@@ -127,3 +128,9 @@ def test_refine_splits_tunes_and_serves_sub_buckets(runtime_store, monkeypatch) 
         assert (e["record_key"], e["config_from"]) == (want, "record"), n
         assert e["config"] == (s["winner"] if i is None else splits[i]["winner"]), n
         assert e["sub_bucket"] == (None if i is None else splits[i]["sizes"]), n
+    # ctbuild plan lists the refined bucket (its current kernel version only).
+    refined = refined_buckets(runtime_store.path, [add])
+    assert [(r["bucket"], [p["sizes"] for p in r["splits"]], r["gpu"])
+            for r in refined["dyn_add"]] == [({"N": 4096}, [{"N": 257}, {"N": 647}], GPU)]
+    assert refined_lines(refined) == [
+        f"dyn_add          bucket N<=4096 split at N<=257; N<=647 ({GPU}, sm_90)"]
