@@ -262,7 +262,8 @@ def refine_lines(s: dict[str, Any]) -> list[str]:
     if not refined["splits"]:
         worst = refined.get("max_regret_pct")
         if worst is None:
-            return [f"{head} no split: the record holds no regret inside the bucket"]
+            return [f"{head} no split: the record holds no regret inside the bucket (--retune "
+                    "measures it)"]
         return [f"{head} no split: the worst regret inside the bucket, {worst:.1f}%, is within "
                 f"the {refined['band_pct']:g}% band"]
     lines = []

@@ -74,8 +74,9 @@ def refine_bucket(entry: Entry, summary: dict[str, Any], store: Store, opts: Tun
                            **workload_kwargs)
                 for sp in points]
     done = [sp for sp, out in zip(points, outcomes) if out["status"] in ("tuned", "kept")]
-    record.refined = refined_json(done, opts.refine)
-    store.put_tuning(summary["record_key"], record.to_json())
+    if record.refined != (refined := refined_json(done, opts.refine)):
+        record.refined = refined
+        store.put_tuning(summary["record_key"], record.to_json())
     return {**summary, "record": record.to_json(),
             "refined": {"band_pct": band.percent, "max_splits": opts.refine,
                         "max_regret_pct": (record.regret or {}).get("max_pct")
