@@ -68,8 +68,9 @@ def read_splits(raw: Any, bucket: Bucket) -> tuple[Split, ...]:
         return ()
     if not isinstance(raw, dict):
         raise BucketMapError(f"expected an object, got {type(raw).__name__}")
-    if raw.get("format", REFINED_FORMAT) != REFINED_FORMAT:
-        raise BucketMapError(f"format {raw.get('format')!r} is not one this ctbuild reads "
+    version = raw.get("format", REFINED_FORMAT)
+    if type(version) is not int or version != REFINED_FORMAT:
+        raise BucketMapError(f"format {str(version)[:20]} is not one this ctbuild reads "
                              f"({REFINED_FORMAT})")
     points = raw.get("splits")
     if not isinstance(points, list):

@@ -51,6 +51,7 @@ def test_split_points_are_read_defensively() -> None:
     hostile = {
         "expected an object": ["L"],
         "format 2": {"format": 2, "splits": []},
+        "format True": {"format": True, "splits": []},
         "no list of splits": {"splits": {"L": 150}},
         f"more than the {MAX_SPLITS}": _entry(*range(130, 131 + MAX_SPLITS)),
         "exactly ['L']": {"splits": [{"sizes": {"M": 150}}]},
