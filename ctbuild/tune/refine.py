@@ -84,6 +84,17 @@ def refine_bucket(entry: Entry, summary: dict[str, Any], store: Store, opts: Tun
                         "splits": outcomes, "left_out": left_out}}
 
 
+def keep_refined(store: Store, key: str, record: TuningRecord, before: TuningRecord | None
+                 ) -> None:
+    """A bucket retuned without ``--refine`` keeps the split points its record had: each
+    sub-bucket has a record of its own, tuned at its split point; the next ``--refine``
+    derives the points anew from the fresh regret."""
+    if before is None or before.refined is None or record.config is None:
+        return
+    record.refined = before.refined
+    store.put_tuning(key, record.to_json())
+
+
 def tune_split(kernel: TunedKernel, bucket: Bucket, split: Split, store: Store,
                opts: TuneOptions, *, device: Device, fp: str, pool: CompilePool | None,
                exclude: Mapping[str, str] | None = None,

@@ -28,7 +28,7 @@ from ..specs import Workload, describe
 from ..toolchain import toolchain_for
 from .choice import DEFAULT_BAND_PERCENT, TieBand
 from .recorded import recorded_workloads
-from .refine import refine_bucket
+from .refine import keep_refined, refine_bucket
 from .tuner import Device, TuneSettings, context_ok, current_device, record_key, tune_workload
 
 if TYPE_CHECKING:
@@ -169,10 +169,12 @@ def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneO
         if existing is not None:
             s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
         else:
+            before = stored_tuning(store, rkey) if opts.retune and not opts.refine else None
             record = tune_workload(
                 e.kernel, e.workload, store=store, toolchain_fp=fp, device=device,
                 cap=opts.cap, timeout_s=opts.timeout_s, exclude=exclude, pool=pool,
                 on_candidate=cb, settings=opts.settings(), **workload_kwargs)
+            keep_refined(store, rkey, record, before)
             status = "tuned" if record.config is not None else "failed"
             s = summarize(e, status, record, rkey,
                           "" if status == "tuned" else "no candidate could be measured")

@@ -128,6 +128,10 @@ def test_refine_splits_tunes_and_serves_sub_buckets(runtime_store, monkeypatch) 
         assert (e["record_key"], e["config_from"]) == (want, "record"), n
         assert e["config"] == (s["winner"] if i is None else splits[i]["winner"]), n
         assert e["sub_bucket"] == (None if i is None else splits[i]["sizes"]), n
+    # A retune without --refine keeps the split points (the sub-buckets keep their records).
+    [s] = tune_entries([entry], runtime_store, TuneOptions(timeout_s=None, retune=True), **kw)
+    assert s["status"] == "tuned" and [p["sizes"] for p in s["record"]["refined"]["splits"]] == \
+        [{"N": 257}, {"N": 647}]
     # ctbuild plan lists the refined bucket (its current kernel version only).
     refined = refined_buckets(runtime_store.path, [add])
     assert [(r["bucket"], [p["sizes"] for p in r["splits"]], r["gpu"])
