@@ -76,6 +76,7 @@ def test_refine_splits_tunes_and_serves_sub_buckets(runtime_store, monkeypatch) 
     from ctbuild.dims import Bucket
     from ctbuild.project import load_project
     from ctbuild.specs import Tensor
+    from ctbuild.tune.report import _regret_text
     from ctbuild.tune.session import TuneOptions, entries_for, tune_entries
     from ctbuild.tune.tuner import Device
     monkeypatch.syspath_prepend(str(COVERAGE))
@@ -128,6 +129,8 @@ def test_refine_splits_tunes_and_serves_sub_buckets(runtime_store, monkeypatch) 
         assert (e["record_key"], e["config_from"]) == (want, "record"), n
         assert e["config"] == (s["winner"] if i is None else splits[i]["winner"]), n
         assert e["sub_bucket"] == (None if i is None else splits[i]["sizes"]), n
+    assert "Split by <code>--refine</code> into sub-buckets up to N≤257; N≤647" in \
+        _regret_text(s["record"])  # the --report page
     # A retune without --refine keeps the split points (the sub-buckets keep their records).
     [s] = tune_entries([entry], runtime_store, TuneOptions(timeout_s=None, retune=True), **kw)
     assert s["status"] == "tuned" and [p["sizes"] for p in s["record"]["refined"]["splits"]] == \
