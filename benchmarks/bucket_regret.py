@@ -6,8 +6,9 @@
 geometric midpoints (interleaved, like the runoff) and keeps the winner's regret there in the
 tuning record: its time over the fastest contender's at that size, minus one. This prints, per
 kernel and bucket, the regret at each interior size, the p95 over all interior sizes, and names
-every bucket above the threshold with the split that would fix it: a bucket bound just below
-the size where the regret is worst (``Dim(..., buckets=[...])``). Run it on a cache tuned on a
+every bucket above the threshold with the split that would fix it: a bucket bound at the size
+where the regret is worst (``Dim(..., buckets=[...])``), so that size is tuned itself; this is
+where ``ctbuild tune --refine`` splits. Run it on a cache tuned on a
 GPU, e.g. the one `benchmarks/tune_reproducibility.py --workdir DIR` leaves in DIR/a.
 """
 from __future__ import annotations
@@ -69,7 +70,7 @@ def main() -> int:
           f"max {max(every, default=0.0):.2f}%")
     for r in above:
         worst = r["worst"]
-        split = {n: v - 1 for n, v in worst["sizes"].items()}
+        split = worst["sizes"]
         print(f"above {args.threshold:g}%: {r['kernel']} bucket {json.dumps(r['bucket'])}: "
               f"{worst['regret_pct']:.2f}% at {json.dumps(worst['sizes'])} (fastest there "
               f"{worst['fastest']}); split with a bucket bound at {json.dumps(split)}")

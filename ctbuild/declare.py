@@ -351,13 +351,14 @@ class TunedKernel:
     def explain(self, *args: Any, arch: str | None = None, gpu: str | None = None,
                 **kwargs: Any) -> dict[str, Any]:
         """What a call would be served with, without launching it: ``config``, ``config_from``,
-        ``bucket``, ``cubin_class`` (exact / relaxed / generic / miss), ``compile_key``,
-        ``cached``, ``cache`` (the directory and why it is that one)... For a miss or an
-        untuned call also ``why`` (what of the call no declared workload has: a dtype, a rank,
-        a size, a size beyond a `Dim`'s range, a ``ct.Constant``'s value, a layout),
-        ``nearest`` (the closest declared workload) and ``fix`` (the edit or command that
-        covers it). With ``arch`` given no GPU is needed (``Tensor`` specs work); nothing is
-        created, counted or recorded."""
+        ``bucket`` (and ``sub_bucket``: where ``ctbuild tune --refine`` split the bucket, the
+        sub-bucket whose record serves the size, with ``bucket_why``), ``cubin_class`` (exact /
+        relaxed / generic / miss), ``compile_key``, ``cached``, ``cache`` (the directory and why
+        it is that one)... For a miss or an untuned call also ``why`` (what of the call no
+        declared workload has: a dtype, a rank, a size, a size beyond a `Dim`'s range, a
+        ``ct.Constant``'s value, a layout), ``nearest`` (the closest declared workload) and
+        ``fix`` (the edit or command that covers it). With ``arch`` given no GPU is needed
+        (``Tensor`` specs work); nothing is created, counted or recorded."""
         return self.runtime.explain(args, kwargs, arch=arch, gpu=gpu)
 
 

@@ -142,6 +142,17 @@ class Bucket:
     def representative(self) -> Workload:
         return concretize(self.declared, dict(self.sizes))
 
+    def lower_bounds(self) -> dict[str, int]:
+        """Per Dim, the smallest size that falls in this bucket (the bound below plus one, or
+        the Dim's ``lo``)."""
+        dims = dims_of(self.declared)
+        out = {}
+        for name, top in self.sizes:
+            bounds = list(dims[name].buckets or ())
+            i = bounds.index(top)
+            out[name] = bounds[i - 1] + 1 if i > 0 else dims[name].lo
+        return out
+
     def to_json(self) -> dict[str, int]:
         return dict(self.sizes)
 

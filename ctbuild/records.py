@@ -96,6 +96,9 @@ class TuningRecord:
     #: a Dim bucket's winner at sizes inside the bucket: {"bucket", "sizes", "max_pct",
     #: "problems"} (`ctbuild.tune.regret`)
     regret: dict[str, Any] | None = None
+    #: a declared Dim bucket split by ``ctbuild tune --refine``: {"format", "max_splits",
+    #: "splits": [{"sizes", "regret_pct"}]} (`ctbuild.bucket_map`), read defensively
+    refined: dict[str, Any] | None = None
     #: tuned on several GPUs (``ctbuild tune --gpus``): {"gpus", "per_gpu": [[timings]]}; the
     #: winner is then the tie rule's on the median time across GPUs
     fleet: dict[str, Any] | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..compile.body_check import check_bodies
-from ..compile.coverage import summary_lines
+from ..compile.coverage import refined_buckets, refined_lines, summary_lines
 from ..compile.plan import make_plan
 from ..compile.plan_costs import KernelCost, kernel_costs
 from ..project import select_kernels
@@ -28,7 +28,8 @@ examples:
 
 Jobs are deduplicated by compile key, so the job count is the number of CUBINs a clean
 precompile builds. Each kernel's body goes through cuTile's front end once (no compile), so a
-body error is reported here with its file:line. Estimated compile seconds come from the times
+body error is reported here with its file:line. Buckets that `ctbuild tune --refine` split
+in the cache are listed with their split points. Estimated compile seconds come from the times
 the cache recorded in earlier builds, else from tile sizes; tune seconds assume one tuning
 process per workload and about 0.3 s per config. Exit 2 on a bad declaration, kernel body or
 config (the message names the kernel).
@@ -62,11 +63,13 @@ def run(args: argparse.Namespace) -> int:
             fail(line)
         return EXIT_USAGE
     costs = kernel_costs(plan, project.cache_dir)
+    refined = refined_buckets(project.cache_dir, kernels)
     if args.json:
         out = plan.to_json()
         by_name = {c.kernel: c.to_json() for c in costs}
         for k in out["kernels"]:
             k["estimate"] = by_name.get(k["name"])
+            k["refined"] = refined.get(k["name"], [])
         if problem:
             out["toolchain_problem"] = problem
         print_json(out)
@@ -81,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
     print("\ncoverage (serving calls outside the declared shapes):")
     for line in summary_lines(plan, kernels):
         print(("" if line.startswith("warning:") else "  ") + line)
+    if refined:
+        print("\nrefined buckets in the cache (ctbuild tune --refine: a size inside a "
+              "sub-bucket runs the sub-bucket's winner):")
+        for line in refined_lines(refined):
+            print("  " + line)
     print_costs(costs)
     print(f"\n{len(plan.jobs)} compile jobs (distinct compile keys) for "
           f"{len({e.kernel.name for e in plan.entries})} kernels on "

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..bucket_map import MAX_SPLITS
 from ..tune.choice import TieBand, TieBandError
 from .common import (
     add_project_args,
@@ -25,6 +26,7 @@ examples:
   ctbuild tune --kernel matmul --retune --json
   ctbuild tune --verify --config examples/ctbuild.toml     # a new GPU, driver or node
   ctbuild tune --gpus all                                  # every GPU of this node
+  ctbuild tune --refine --compile-missing                  # split Dim buckets with regret
 
 For every declared kernel x workload, on this GPU's arch, every precompiled candidate is
 measured with cuTile's exhaustive_search (CUDA graph per sample, L2 flush, 95% CI) from the
@@ -40,12 +42,15 @@ declared space order. So two tunes of the same keys agree unless a candidate sit
 edge. The record keeps the ties, every finalist's time and the rule that chose. A dynamic
 workload (ctbuild.Dim) is tuned once per bucket, at the bucket's upper bound; the winner and
 its runners-up are then timed at the bucket's lower bound and geometric midpoints, and the
-record keeps the winner's regret there.
+record keeps the winner's regret there. With --refine, a bucket whose winner is more than
+the tie band slower than the fastest at such a size is split there: the sizes up to it form a
+sub-bucket, tuned at that size (its missing CUBINs compiled with --compile-missing, else named)
+and served from its own record; the bucket's record keeps the split points.
 
 Tuned entries are skipped unless --retune. Workloads added by `ctbuild precompile
 --from-record` (found in the cache) are tuned too. Exit 0 when every kernel x workload got a
-record (with --verify: every recorded winner still ties with the fastest), 1 when some did not,
-2 on bad input.
+record (with --verify: every recorded winner still ties with the fastest), 1 when some did not
+(or, with --refine, a sub-bucket could not be tuned), 2 on bad input.
 """
 
 
@@ -79,10 +84,27 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--verify", action="store_true",
                    help="re-measure the recorded winners against their ties and finalists on "
                         "this GPU and report drift; rewrites nothing")
+    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count, const=2, default=0,
+                   help="split each Dim bucket where its winner's regret exceeds the tie band "
+                        "(at most N sizes per bucket, the worst first; default 2, at most "
+                        f"{MAX_SPLITS}) and tune the sub-buckets; a bucket already tuned is "
+                        "refined from its recorded regret")
     p.add_argument("--no-isolate", action="store_true",
                    help="tune in this process (default: a supervised child process, restarted "
                         "without a candidate that kills its CUDA context)")
     p.set_defaults(run=guarded(run))
+
+
+def refine_count(text: str) -> int:
+    """argparse type of --refine N: the most split points per bucket."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_SPLITS:
+        raise argparse.ArgumentTypeError(f"expected a number of splits per bucket from 1 to "
+                                         f"{MAX_SPLITS}, got {text!r}")
+    return n
 
 
 def tie_band(text: str) -> TieBand:
@@ -137,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     names = {k.name for k in kernels}
     if unknown := [n for n in only if n not in names]:
         return fail(f"unknown kernel(s) {unknown}; declared: {', '.join(sorted(names))}")
+    if args.refine and (problem := refine_problem(args, kernels, only)):
+        return fail(problem)
     gpus = None
     if args.gpus is not None:
         if args.no_isolate:
@@ -161,12 +185,12 @@ def run(args: argparse.Namespace) -> int:
     opts = TuneOptions(retune=args.retune, compile_missing=args.compile_missing,
                        timeout_s=args.timeout, cap=project.cap,
                        paths=[str(p) for p in project.paths], workers=args.workers,
-                       tie_band=args.tie_band.percent)
+                       tie_band=args.tie_band.percent, refine=args.refine)
     quiet = bool(args.json)
 
     def emit(s: dict[str, Any]) -> None:
         if not quiet:
-            print(_line(s), flush=True)
+            print("\n".join([_line(s), *refine_lines(s)]), flush=True)
 
     if not quiet:
         print(f"tuning {len(entries)} kernel x workload(s) on {device.name} ({device.arch}), "
@@ -193,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
         "tuned": sum(s["status"] == "tuned" for s in summaries),
         "skipped": sum(s["status"] == "skipped" for s in summaries),
         "failed": sum(s["status"] == "failed" for s in summaries),
+        "refine_failed": sum(p["status"] == "failed" for s in summaries
+                             for p in s.get("refined", {}).get("splits", [])),
         "compiles_during_measurement": sum(
             s.get("compiles_during_measurement", 0) for s in summaries if s["status"] == "tuned"),
         "entries": summaries,
@@ -208,9 +234,51 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{out['tuned']} tuned, {out['skipped']} skipped (already tuned), {out['failed']} "
               f"failed in {out['seconds']:.1f} s; compiles during measurement: "
-              f"{out['compiles_during_measurement']}")
+              f"{out['compiles_during_measurement']}"
+              + (f"; {out['refine_failed']} sub-bucket(s) not tuned" if out["refine_failed"]
+                 else ""))
     sys.stdout.flush()
-    return 0 if out["failed"] == 0 else 1
+    return 0 if out["failed"] == 0 and out["refine_failed"] == 0 else 1
+
+
+def refine_problem(args: argparse.Namespace, kernels: list, only: list[str]) -> str | None:
+    """Why ``--refine`` cannot run with these arguments (None: it can)."""
+    if args.verify:
+        return "--refine tunes and writes records, --verify rewrites nothing: run them apart"
+    chosen = [k for k in kernels if not only or k.name in only]
+    if not any(k.dynamic_workloads for k in chosen):
+        return (f"--refine splits Dim buckets, and no selected kernel "
+                f"({', '.join(sorted(k.name for k in chosen))}) declares a Dim workload: drop "
+                "--refine or select a kernel with Dim workloads (--kernel)")
+    return None
+
+
+def refine_lines(s: dict[str, Any]) -> list[str]:
+    """What ``--refine`` did to one entry's bucket, one line per split point."""
+    refined = s.get("refined")
+    if not refined:
+        return []
+    head = f"{'refine':<8} {s['kernel']:<14}"
+    if not refined["splits"]:
+        worst = refined.get("max_regret_pct")
+        if worst is None:
+            return [f"{head} no split: the record holds no regret inside the bucket (--retune "
+                    "measures it)"]
+        return [f"{head} no split: the worst regret inside the bucket, {worst:.1f}%, is within "
+                f"the {refined['band_pct']:g}% band"]
+    lines = []
+    for p in refined["splits"]:
+        sub = ", ".join(f"{n}<={v}" for n, v in sorted(p["sizes"].items()))
+        what = (f"winner {p['winner']} {_fmt_us(p.get('mean_us'))} us"
+                if p.get("winner") is not None else "not tuned")
+        note = f" ({p['note']})" if p.get("note") else ""
+        regret = p.get("regret_pct")
+        lines.append(f"{head} sub-bucket {sub}: {p['status']}, {what}{note}; the bucket's "
+                     f"winner was {regret or 0:.1f}% slower there")
+    for p in refined["left_out"]:
+        lines.append(f"{head} not split at {p['sizes']} ({p['regret_pct']:.1f}%): more than "
+                     f"--refine {refined['max_splits']} sizes per bucket")
+    return lines
 
 
 def check_identity(project: Any, kernels: list, arch: str, fp: str,

@@ -1,15 +1,23 @@
-"""What a plan covers at serve time, per kernel: dynamic dims, buckets, CUBIN classes, and the
-``ct.Constant`` parameters that no class can cover (derived from a dynamic dim)."""
+"""What a plan covers at serve time, per kernel: dynamic dims, buckets (and the sub-buckets
+``ctbuild tune --refine`` recorded in the cache), CUBIN classes, and the ``ct.Constant``
+parameters that no class can cover (derived from a dynamic dim)."""
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..bucket_map import BucketMapError, describe_bucket, read_splits
 from ..dims import concretize, dims_of
+from ..records import RecordFormatError, TuningRecord
 from ..signature_classes import CLASSES
+from ..specs import Workload, spec_from_json
 
 if TYPE_CHECKING:
     from ..declare import TunedKernel
     from .plan import Plan
+
+log = logging.getLogger("ctbuild")
 
 
 def derived_constants(kernel: TunedKernel) -> list[dict[str, Any]]:
@@ -85,3 +93,46 @@ def summary_lines(plan: Plan, kernels: list[TunedKernel]) -> list[str]:
         for warn in cov["uncoverable_constants"]:
             lines.append(f"warning: {warn['message']}")
     return lines
+
+
+def refined_buckets(cache_dir: Path | None, kernels: list[TunedKernel]
+                    ) -> dict[str, list[dict[str, Any]]]:
+    """Per kernel name, the buckets of its current version that ``ctbuild tune --refine`` split
+    in the cache at ``cache_dir`` (read-only; nothing when there is no cache): the bucket, its
+    split points and the GPU they were measured on. Unusable entries are skipped with a
+    warning, as the runtime skips them."""
+    if cache_dir is None or not Path(cache_dir).is_dir():
+        return {}
+    from cache import Store
+    by_fp = {(k.name, k.fingerprint): k for k in kernels}
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        store = Store(cache_dir, readonly=True)
+    except Exception as exc:  # noqa: BLE001 - listing never fails the plan
+        log.warning("ctbuild: %s: refined buckets not shown (%s)", cache_dir, exc)
+        return {}
+    with store:
+        for key, raw in store.tuning_records():
+            try:
+                rec = TuningRecord.from_json(raw)
+                kernel = by_fp.get((rec.kernel, rec.kernel_fp))
+                if kernel is None or rec.refined is None:
+                    continue
+                w = Workload({p: spec_from_json(rec.workload[p]) for p in kernel.params})
+                bucket = kernel.buckets.get(w)
+                splits = read_splits(rec.refined, bucket) if bucket is not None else ()
+            except (RecordFormatError, BucketMapError, KeyError, TypeError, ValueError) as exc:
+                log.warning("ctbuild: tuning record %s: refined buckets not shown (%s)", key, exc)
+                continue
+            if bucket is not None and splits:
+                out.setdefault(rec.kernel, []).append({
+                    "bucket": bucket.to_json(), "splits": [sp.to_json() for sp in splits],
+                    "gpu": rec.gpu, "arch": rec.arch, "toolchain": rec.toolchain})
+    return out
+
+
+def refined_lines(refined: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """``ctbuild plan``'s lines for the refined buckets found in the cache."""
+    return [f"{name:<16} bucket {describe_bucket(r['bucket'])} split at "
+            f"{'; '.join(describe_bucket(s['sizes']) for s in r['splits'])} ({r['gpu']}, "
+            f"{r['arch']})" for name, rs in sorted(refined.items()) for r in rs]

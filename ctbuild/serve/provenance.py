@@ -25,7 +25,8 @@ def describe(res: Resolved, cubin_from: str, cubin_class: str) -> dict[str, Any]
     return {"tuning_key": res.tuning_key, "arch": res.arch, "gpu": res.gpu,
             "device": res.device, "config": res.config.to_json(),
             "config_from": res.config_from, "cubin_from": cubin_from,
-            "cubin_class": cubin_class, "bucket": res.bucket, "compile_key": res.compile_key,
+            "cubin_class": cubin_class, "bucket": res.bucket, "sub_bucket": res.sub_bucket,
+            "compile_key": res.compile_key,
             "workload": res.workload_json, "created": time.time()}
 
 

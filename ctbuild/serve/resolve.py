@@ -1,6 +1,7 @@
 """Resolution: what one call of a declared kernel launches (the slow path, once per layout).
 
-Bind the arguments; compute the tuning key (and, for a dynamic workload, its bucket's); find the
+Bind the arguments; compute the tuning key (and, for a dynamic workload, its bucket's: the
+sub-bucket's where ``ctbuild tune --refine`` split the bucket, `ctbuild.bucket_map`); find the
 winner -- remembered, else the cache's tuning record for this GPU, else the miss policy; find the
 most specialised cached CUBIN covering the call with that config (else the default config's,
 when one covers it; else a CUBIN miss for the miss policy); then the grid and the kernel
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..arch import Arch
+from ..bucket_map import BucketMapError, Split, read_splits, split_for, why
 from ..device_table import DeviceInfo, cuda_device, nominal_device
-from ..dims import find_bucket
+from ..dims import Bucket, find_bucket, match
 from ..keys import record_key_for
 from ..miss_reasons import beyond_range
 from ..records import stored_tuning
@@ -61,6 +63,8 @@ class Resolved:
     keys_needed: str            # the key level the declared functions' reads need
     signature: str | None       # `signature_text` of the exact launch signature, if derivable
     spec: Workload | None = None  # the call as specs (`live_args.workload_spec`)
+    sub_bucket: dict[str, int] | None = None  # the refined sub-bucket the call maps to
+    bucket_why: str | None = None  # where the bucket was refined: which sub-bucket, and why
 
 
 class Resolver:
@@ -73,6 +77,7 @@ class Resolver:
         self.served: dict[Config, ServedKernel] = {}
         self._pinned: dict[tuple[Config, str], ServedKernel] = {}
         self._winners: dict[tuple[str, str, str], tuple[Config, str]] = {}
+        self._maps: dict[tuple[str, str, str], tuple[Split, ...]] = {}
         self._space: list[Config] | None = None
         self._devices: dict[int, DeviceInfo] = {}
 
@@ -105,9 +110,10 @@ class Resolver:
             with reads:
                 keys = [tuned.tuning_key(w)]
                 default = tuned.default_config(w)
-            if bucket is not None:  # the bucket's record, unless this size was tuned itself
-                rep_key = tuned.tuning_key(bucket.representative)
-                if rep_key != keys[0]:
+            sub, bucket_why = self._refined(bucket, spec_w, arch, gpu) if bucket is not None \
+                else (None, None)
+            for b in (sub, bucket):  # the (sub-)bucket's record, unless this size was tuned
+                if b is not None and (rep_key := tuned.tuning_key(b.representative)) not in keys:
                     keys.append(rep_key)
             cfg, config_from, record_key, tk = self._winner(w, keys, arch, gpu, wl_json, stream,
                                                             dry)
@@ -134,7 +140,41 @@ class Resolver:
             return Resolved(cfg, config_from, cubin_from, cubin_class,
                             bucket.to_json() if bucket is not None else None, arch, gpu, device,
                             tk, record_key, compile_key, grid, kernel_args, served, w, wl_json,
-                            reads.needs, signature, spec_w)
+                            reads.needs, signature, spec_w,
+                            sub.to_json() if sub is not None else None, bucket_why)
+
+    def _refined(self, bucket: Bucket, spec_w: Workload, arch: str, gpu: str
+                 ) -> tuple[Bucket | None, str | None]:
+        """(the sub-bucket the call maps to, or None; what explain says of it, None where the
+        bucket was not refined)."""
+        splits = self._splits(bucket, arch, gpu)
+        sizes = match(bucket.declared, spec_w) if splits else None
+        if sizes is None:
+            return None, None
+        chosen = split_for(splits, sizes)
+        return (chosen.sub_bucket(bucket) if chosen else None), why(sizes, bucket, splits, chosen)
+
+    def _splits(self, bucket: Bucket, arch: str, gpu: str) -> tuple[Split, ...]:
+        """The split points recorded in the bucket's tuning record for this GPU, read once per
+        bucket, arch and GPU; () when there are none or they are not usable (a warning)."""
+        ctx = self.ctx
+        if ctx.settings.disable_autotune or ctx.toolchain_fp is None or ctx.store is None:
+            return ()
+        tk = self.tuned.tuning_key(bucket.representative)
+        memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
+        found = self._maps.get(memo_key)
+        if found is None:
+            record_key = record_key_for(self.tuned, tk, arch, gpu, ctx.toolchain_fp)
+            record = stored_tuning(ctx.store, record_key)
+            try:
+                found = read_splits(record.refined if record is not None else None, bucket)
+            except BucketMapError as exc:
+                log.warning("ctbuild: kernel %r: the refined buckets in tuning record %s are not "
+                            "used (%s); the declared bucket serves", self.tuned.name, record_key,
+                            exc)
+                found = ()
+            self._maps[memo_key] = found
+        return found
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
         """The one `ServedKernel` of a config (created on first use, thread-safe)."""
@@ -164,7 +204,8 @@ class Resolver:
     def _winner(self, w: Workload, keys: list[list], arch: str, gpu: str, wl_json: dict,
                 stream: Any, dry: bool = False) -> tuple[Config, str, str | None, list]:
         """(config, where it came from, record key, tuning key): the first of ``keys`` (the
-        call's own tuning key, then its bucket's) with a record, else the miss policy's."""
+        call's own tuning key, then its sub-bucket's, then its bucket's) with a record, else
+        the miss policy's."""
         tuned, ctx = self.tuned, self.ctx
         if ctx.settings.disable_autotune:
             return tuned.default_config(w), "disabled", None, keys[-1]
@@ -265,4 +306,5 @@ def explanation(res: Resolved, kernel: str, mode: str) -> dict[str, Any]:
             "compile_key": res.compile_key, "cached": res.cubin_class != "miss",
             "tuning_key": res.tuning_key, "record_key": res.record_key, "arch": res.arch,
             "gpu": res.gpu, "grid": list(res.grid), "mode": mode,
-            "workload": res.workload_json}
+            "workload": res.workload_json, "sub_bucket": res.sub_bucket,
+            **({"bucket_why": res.bucket_why} if res.bucket_why else {})}

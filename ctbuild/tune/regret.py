@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..dims import Bucket, concretize, dims_of
+from ..dims import Bucket, concretize
 from ..space import Config
 from ..specs import Workload
 from .choice import TieBand
@@ -44,21 +44,13 @@ class SizeRegret:
                 "regret_pct": round(self.regret_pct, 3)}
 
 
-def lower_bound(bucket: Bucket, name: str) -> int:
-    """The smallest size of ``name``'s Dim that falls in this bucket."""
-    dim = dims_of(bucket.declared)[name]
-    top = dict(bucket.sizes)[name]
-    bounds = list(dim.buckets or ())
-    i = bounds.index(top)
-    return bounds[i - 1] + 1 if i > 0 else dim.lo
-
-
 def interior_sizes(bucket: Bucket) -> list[dict[str, int]]:
     """The sizes to time inside ``bucket`` (its representative excluded), smallest first."""
     out: list[dict[str, int]] = []
     top = dict(bucket.sizes)
+    low = bucket.lower_bounds()
     for f in INTERIOR_FRACTIONS:
-        sizes = {n: round(lower_bound(bucket, n) ** (1 - f) * hi ** f) for n, hi in top.items()}
+        sizes = {n: round(low[n] ** (1 - f) * hi ** f) for n, hi in top.items()}
         if sizes != top and sizes not in out:
             out.append(sizes)
     return out

@@ -292,9 +292,17 @@ def _regret_text(rec: dict[str, Any]) -> str:
     cells = "".join(f'<tr><td class="wl">{_esc(json.dumps(x["sizes"]))}</td>'
                     f'<td class="num">{x["regret_pct"]:.2f}%</td>'
                     f'<td>{_esc(_cfg(x["fastest"]))}</td></tr>' for x in regret["sizes"])
+    refined = rec.get("refined")
+    refined = refined if isinstance(refined, dict) else {}
+    splits = [x.get("sizes") for x in refined.get("splits") or [] if isinstance(x, dict)]
+    split_text = "" if not splits else (
+        "<p>Split by <code>--refine</code> into sub-buckets up to "
+        + "; ".join(_esc(", ".join(f"{k}≤{v}" for k, v in sz.items())) for sz in splits
+                    if isinstance(sz, dict))
+        + ", each served from its own record.</p>")
     return ("<p>Regret of the winner inside its bucket (its time over the fastest contender's "
             "there):</p><table><tr><th>size</th><th>regret</th><th>fastest there</th></tr>"
-            + cells + "</table>")
+            + cells + "</table>" + split_text)
 
 
 def _kernel_section(name: str, items: list[tuple[int, dict[str, Any]]]) -> str:

@@ -28,6 +28,7 @@ from ..specs import Workload, describe
 from ..toolchain import toolchain_for
 from .choice import DEFAULT_BAND_PERCENT, TieBand
 from .recorded import recorded_workloads
+from .refine import keep_refined, refine_bucket
 from .tuner import Device, TuneSettings, context_ok, current_device, record_key, tune_workload
 
 if TYPE_CHECKING:
@@ -92,6 +93,9 @@ class TuneOptions:
     workers: int | None = None
     #: the tie band in percent of the fastest mean (`ctbuild.tune.choice.TieBand`)
     tie_band: float = DEFAULT_BAND_PERCENT
+    #: ``--refine N``: split each Dim bucket at up to N sizes where its regret exceeds the
+    #: band, and tune the sub-buckets (`ctbuild.tune.refine`); 0: off
+    refine: int = 0
 
     def settings(self) -> TuneSettings:
         return TuneSettings(band=TieBand(self.tie_band))
@@ -111,45 +115,34 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
     device = device or current_device()
     fp = toolchain_fp or toolchain_for(store)
     out: list[dict[str, Any]] = []
-    todo: list[Entry] = []
+    todo: list[tuple[Entry, TuningRecord | None]] = []
     for e in entries:
         rkey = record_key(e.kernel, e.workload, device, fp)
         existing = None if opts.retune else stored_tuning(store, rkey)
-        if existing is not None:
-            s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
-            out.append(s)
-            if emit:
-                emit(s)
-        else:
-            todo.append(e)
+        if existing is None or (opts.refine and e.workload in e.kernel.buckets):
+            todo.append((e, existing))  # tuned, or (--refine) its recorded regret refined
+            continue
+        s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
+        out.append(s)
+        if emit:
+            emit(s)
     pool = None
     if opts.compile_missing and todo:
         pool = CompilePool(store, workers=opts.workers, paths=opts.paths)
-        for e in todo:
+        for e, existing in todo:
             with contextlib.suppress(Exception):
-                for cfg in e.kernel.candidates(e.workload, Arch(device.arch), opts.cap).kept:
+                for cfg in [] if existing else e.kernel.candidates(
+                        e.workload, Arch(device.arch), opts.cap).kept:
                     pool.submit(job_for(e.kernel, cfg, e.workload, device.arch, fp))
     try:
-        for e in todo:
-            rkey = record_key(e.kernel, e.workload, device, fp)
+        for e, existing in todo:
             if on_event:
                 on_event({"event": "start", "entry": e.index})
             cb = (lambda cfg, _i=e.index: on_event({"event": "candidate", "entry": _i,
                                                     "config": cfg.to_json()})) \
                 if on_event else None
-            try:
-                record = tune_workload(
-                    e.kernel, e.workload, store=store, toolchain_fp=fp, device=device,
-                    cap=opts.cap, timeout_s=opts.timeout_s,
-                    exclude=(exclude or {}).get(e.index), pool=pool, on_candidate=cb,
-                    settings=opts.settings(), **workload_kwargs)
-                status = "tuned" if record.config is not None else "failed"
-                s = summarize(e, status, record, rkey,
-                              "" if status == "tuned" else "no candidate could be measured")
-            except Exception as exc:  # noqa: BLE001 - one entry's error never stops the run
-                log.debug("tuning %s failed", e.label, exc_info=True)
-                s = summarize(e, "failed", None, rkey, f"{type(exc).__name__}: {exc}")
-                s["traceback"] = traceback.format_exc(limit=8)
+            s = _tune_one(e, existing, store, opts, device, fp, pool,
+                          (exclude or {}).get(e.index), cb, workload_kwargs)
             if isolated and not context_ok():
                 # The CUDA context is broken: leave, unreported, so the supervisor restarts
                 # this entry without the candidate it last saw launching.
@@ -163,6 +156,36 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
         if pool is not None:
             pool.close()
     return out
+
+
+def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneOptions,
+              device: Device, fp: str, pool: CompilePool | None,
+              exclude: Mapping[str, str] | None, cb: Callable[[Any], None] | None,
+              workload_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """One entry's summary: tuned (or, with a record and ``--refine``, skipped), then with
+    ``--refine`` its bucket refined (`ctbuild.tune.refine`)."""
+    rkey = record_key(e.kernel, e.workload, device, fp)
+    try:
+        if existing is not None:
+            s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
+        else:
+            before = stored_tuning(store, rkey) if opts.retune and not opts.refine else None
+            record = tune_workload(
+                e.kernel, e.workload, store=store, toolchain_fp=fp, device=device,
+                cap=opts.cap, timeout_s=opts.timeout_s, exclude=exclude, pool=pool,
+                on_candidate=cb, settings=opts.settings(), **workload_kwargs)
+            keep_refined(store, rkey, record, before)
+            status = "tuned" if record.config is not None else "failed"
+            s = summarize(e, status, record, rkey,
+                          "" if status == "tuned" else "no candidate could be measured")
+        if opts.refine:
+            s = refine_bucket(e, s, store, opts, device=device, fp=fp, pool=pool,
+                              exclude=exclude, on_candidate=cb, **workload_kwargs)
+    except Exception as exc:  # noqa: BLE001 - one entry's error never stops the run
+        log.debug("tuning %s failed", e.label, exc_info=True)
+        s = summarize(e, "failed", None, rkey, f"{type(exc).__name__}: {exc}")
+        s["traceback"] = traceback.format_exc(limit=8)
+    return s
 
 
 # ---- supervision: a child process per run, restarted without the culprit -------------------
@@ -246,7 +269,8 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
 def _entry_budget(opts: TuneOptions) -> float:
     # exhaustive_search stops measuring a candidate after ~5 s; add warm-ups and compile waits.
     per_candidate = 6.0 + 2 * (opts.timeout_s or 10.0)
-    return 120.0 + per_candidate * opts.cap + (600.0 if opts.compile_missing else 0.0)
+    return (120.0 + per_candidate * opts.cap) * (1 + opts.refine) + \
+        (600.0 if opts.compile_missing else 0.0)
 
 
 def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:

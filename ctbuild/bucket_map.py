@@ -1,0 +1,130 @@
+"""Refined `Dim` buckets: where ``ctbuild tune --refine`` split a declared bucket, and which
+sub-bucket a size maps to.
+
+A declared bucket is tuned at its upper bound. Where its winner's regret at a size inside the
+bucket exceeds the tie band, ``--refine`` splits the bucket at that size: the sizes up to that
+*split point* (in every Dim of the bucket) form a sub-bucket, tuned at the point and recorded
+under the point's own tuning key, like any other record. The split points live in the declared
+bucket's tuning record (its ``refined`` field): so the map is keyed exactly as records are
+(kernel fingerprint, tuning key, GPU arch and model, toolchain), travels with bundles and cache
+images, is pruned with the record, and is found on the read the runtime already makes for the
+bucket. A size maps to the first (smallest) split point it does not exceed in any Dim, else to
+the declared bucket; a record without ``refined`` maps every size as the declaration does.
+
+The record comes from a cache that may be shared, so the entry is read defensively: plain JSON
+only, at most `MAX_SPLITS` points, each naming exactly the bucket's Dims with whole sizes inside
+the bucket and below its upper bound, increasing in every Dim. Anything else is refused with
+its reason (`BucketMapError`); the runtime then warns and serves the declared bucket.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .dims import Bucket
+
+#: The most split points one bucket's record may hold (``--refine N`` asks for at most N).
+MAX_SPLITS = 4
+#: The format of the ``refined`` entry this ctbuild writes and reads.
+REFINED_FORMAT = 1
+
+
+class BucketMapError(ValueError):
+    """A ``refined`` entry that is not one this ctbuild reads (the declared bucket serves)."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """One sub-bucket: its upper corner (the split point) and the regret that caused it."""
+    point: tuple[tuple[str, int], ...]
+    regret_pct: float | None = None
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(self.point)
+
+    def sub_bucket(self, bucket: Bucket) -> Bucket:
+        """The sub-bucket as a `Bucket` of the same declaration (its representative is the
+        split point, where it is tuned)."""
+        return Bucket(bucket.declared, self.point)
+
+    def holds(self, sizes: Mapping[str, int]) -> bool:
+        return all(sizes[n] <= v for n, v in self.point)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sizes": self.sizes, "regret_pct": self.regret_pct}
+
+
+def refined_json(splits: Sequence[Split], max_splits: int) -> dict[str, Any]:
+    """The ``refined`` entry of a declared bucket's record."""
+    return {"format": REFINED_FORMAT, "max_splits": max_splits,
+            "splits": [s.to_json() for s in splits]}
+
+
+def read_splits(raw: Any, bucket: Bucket) -> tuple[Split, ...]:
+    """The split points of a record's ``refined`` entry for ``bucket`` (None: no map, ``()``);
+    `BucketMapError` names what is wrong with any other entry."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise BucketMapError(f"expected an object, got {type(raw).__name__}")
+    version = raw.get("format", REFINED_FORMAT)
+    if type(version) is not int or version != REFINED_FORMAT:
+        raise BucketMapError(f"format {str(version)[:20]} is not one this ctbuild reads "
+                             f"({REFINED_FORMAT})")
+    points = raw.get("splits")
+    if not isinstance(points, list):
+        raise BucketMapError("no list of splits")
+    if len(points) > MAX_SPLITS:
+        raise BucketMapError(f"{len(points)} splits, more than the {MAX_SPLITS} a bucket may have")
+    out = tuple(_split(p, bucket) for p in points)
+    for a, b in zip(out, out[1:]):
+        if not all(x < y for (_, x), (_, y) in zip(a.point, b.point)):
+            raise BucketMapError(f"split {b.sizes} does not lie above split {a.sizes} in "
+                                 "every Dim")
+    return out
+
+
+def _split(obj: Any, bucket: Bucket) -> Split:
+    """One split point, checked against the bucket's Dims and bounds."""
+    sizes = obj.get("sizes") if isinstance(obj, dict) else None
+    top = dict(bucket.sizes)
+    if not isinstance(sizes, dict) or set(sizes) != set(top):
+        got = sorted(map(str, sizes))[:8] if isinstance(sizes, dict) else type(sizes).__name__
+        raise BucketMapError(f"a split must give sizes of exactly {sorted(top)}, got {got}")
+    low = bucket.lower_bounds()
+    for name, v in sizes.items():
+        if not isinstance(v, int) or isinstance(v, bool) or not low[name] <= v < top[name]:
+            raise BucketMapError(f"split size {name}={str(v)[:20]} is not a size in "
+                                 f"[{low[name]}, {top[name] - 1}] (inside the bucket, below "
+                                 "its upper bound)")
+    regret = obj.get("regret_pct")
+    shown = float(regret) if isinstance(regret, (int, float)) and not isinstance(regret, bool) \
+        else None
+    return Split(tuple(sorted(sizes.items())), shown)
+
+
+def split_for(splits: Sequence[Split], sizes: Mapping[str, int]) -> Split | None:
+    """The sub-bucket a call's Dim sizes map to: the first split point they do not exceed in
+    any Dim; None: the declared bucket."""
+    return next((s for s in splits if s.holds(sizes)), None)
+
+
+def describe_bucket(sizes: Mapping[str, int]) -> str:
+    """``M<=81, N<=40``: a bucket or sub-bucket by its upper corner."""
+    return ", ".join(f"{n}<={v}" for n, v in sorted(sizes.items()))
+
+
+def why(sizes: Mapping[str, int], bucket: Bucket, splits: Sequence[Split],
+        chosen: Split | None) -> str:
+    """What `explain` says of a refined bucket: the sub-bucket a size maps to, and why."""
+    at = ", ".join(f"{n}={v}" for n, v in sorted(sizes.items()))
+    parent = describe_bucket(bucket.to_json())
+    if chosen is None:
+        return (f"{at} is above every sub-bucket ctbuild tune --refine split from bucket "
+                f"{parent} ({'; '.join(describe_bucket(s.sizes) for s in splits)}): the "
+                "bucket's own record serves")
+    cause = "" if chosen.regret_pct is None else \
+        f"; the bucket's winner was {chosen.regret_pct:.1f}% slower there"
+    return (f"{at} falls in sub-bucket {describe_bucket(chosen.sizes)}, which ctbuild tune "
+            f"--refine split from bucket {parent}{cause}: the sub-bucket's record serves")
