@@ -210,15 +210,19 @@ def decide(bench: Bench, screened: Sequence[Timing], plan: CandidatePlan, band: 
 
 # ---- step 5: regret inside a Dim bucket ----------------------------------------------------
 def regret_of(tuned: TunedKernel, plan: CandidatePlan, decision: Decision,
+              screened: Sequence[Timing],
               timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand
               ) -> dict[str, Any] | None:
-    """The winner's regret inside its `Dim` bucket (None for a static workload)."""
+    """The winner's regret inside its `Dim` bucket (None for a static workload). Its rivals
+    are the runoff's finalists, then the screening's next fastest: a winner far ahead at the
+    bucket's top may still lose at its bottom, which is what the regret is there to find."""
     bucket = tuned.buckets.get(plan.spec)
     if bucket is None:
         return None
     winner = decision.choice.winner.config
-    ranked = sorted(decision.runoff.timings if decision.runoff else decision.choice.ties,
-                    key=lambda t: t.mean_us)
+    ranked = sorted(decision.runoff.timings, key=lambda t: t.mean_us) if decision.runoff else []
+    seen = {t.config for t in ranked}
+    ranked += [t for t in sorted(screened, key=lambda t: t.mean_us) if t.config not in seen]
     regrets, problems = bucket_regret(bucket, winner, [t.config for t in ranked], timer_for,
                                       band)
     return {"bucket": bucket.to_json(), **summary(regrets, problems)}
@@ -345,7 +349,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
             failed += runoff_failed
             if settings.regret and not real:
                 t = time.perf_counter()
-                regret = regret_of(tuned, plan, decision,
+                regret = regret_of(tuned, plan, decision, screened,
                                    lambda cw: benches.on_spec(cw).sample, settings.band)
                 phases["regret"] = time.perf_counter() - t
             bench.launch_once(decision.choice.winner.config)
