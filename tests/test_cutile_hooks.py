@@ -6,7 +6,7 @@ import cuda.tile as ct
 import cuda.tile._cext as cext
 import pytest
 
-from ctbuild import cutile
+from ctbuild import cutile, cutile_fit
 
 
 def test_installed_cutile_fits_every_hook() -> None:
@@ -20,7 +20,7 @@ def test_every_changed_hook_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ct, "__version__", "1.8.0")
     monkeypatch.setattr(ct.kernel, "_compile", new_compile)
     monkeypatch.delattr(cext, "get_driver_version")
-    monkeypatch.setitem(cutile.BUILD_NAMES, "cuda.tile._compile", ("compile_tile", "gone_hook"))
+    monkeypatch.setitem(cutile_fit.BUILD_NAMES, "cuda.tile._compile", ("compile_tile", "gone_hook"))
     with pytest.raises(cutile.UnsupportedCuTileError) as err:
         cutile.check()
     message = str(err.value)
@@ -54,14 +54,14 @@ def test_front_end_extras_are_never_dropped(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_refused_hint_names_the_version() -> None:
-    kernel = ct.kernel(cutile._probe)
+    kernel = ct.kernel(cutile_fit._probe)
     with pytest.raises(ValueError, match=rf"num_worker_warps.*cuda-tile {cutile.version()}"):
         cutile.compiler_options(kernel, num_worker_warps=3)
 
 
 def test_hooks_read_the_kernel() -> None:
-    kernel = ct.kernel(cutile._probe)
-    assert cutile.pyfunc(kernel) is cutile._probe
+    kernel = ct.kernel(cutile_fit._probe)
+    assert cutile.pyfunc(kernel) is cutile_fit._probe
     assert cutile.constant_params(kernel) == {"N"}
     assert {"occupancy", "num_ctas"} <= set(vars(cutile.compiler_options(kernel)))
 
@@ -98,7 +98,7 @@ def test_serving_kernel_serves_through_the_compile_hook() -> None:
             seen.append((signature, arch))
             return b"cubin", "symbol"
 
-    kernel = Served(cutile._probe)
+    kernel = Served(cutile_fit._probe)
     cubin, symbol, host, lifecycle = kernel._compile("sig", None, (10, 0))
     assert (cubin, symbol, host) == (b"cubin", "symbol", None)
     assert lifecycle == cutile.series().lifecycle() and not lifecycle  # [] in 1.6, () in 1.7
@@ -111,7 +111,7 @@ import sys
 sys.path.insert(0, {tests!r})
 import cuda.tile as ct
 import signature_cases as sc
-from ctbuild import cutile
+from ctbuild import cutile, cutile_fit
 from ctbuild.specs import Tensor
 
 served = []
@@ -157,7 +157,7 @@ def test_both_compile_paths_give_a_cubin() -> None:
     from ctbuild.specs import Tensor
     from ctbuild.toolchain import compile_environment
 
-    kernel = cutile.ServingKernel(cutile._probe)
+    kernel = cutile.ServingKernel(cutile_fit._probe)
     signature = derive_signature(kernel, (Tensor((64,), "float32"), 4))
     signature = signature.with_mangled_symbol("_probe")
     cubin, symbol, lifecycle = kernel.compile_with_cutile(signature, cext.default_tile_context,
@@ -175,10 +175,10 @@ def test_compiler_hooks_are_checked_at_first_compiler_use(monkeypatch: pytest.Mo
     ms, which a serving process never needs); the compiler's hooks are checked before the
     compiler is first handed out, and a changed one is refused there."""
     assert "gone_hook" not in "; ".join(cutile.serve_problems())
-    monkeypatch.setitem(cutile.BUILD_NAMES, "cuda.tile._compile", ("compile_tile", "gone_hook"))
-    cutile._check_build.cache_clear()
+    monkeypatch.setitem(cutile_fit.BUILD_NAMES, "cuda.tile._compile", ("compile_tile", "gone_hook"))
+    cutile_fit.check_build.cache_clear()
     try:
         with pytest.raises(cutile.UnsupportedCuTileError, match="cuda.tile._compile.gone_hook"):
             cutile.compiler()
     finally:
-        cutile._check_build.cache_clear()
+        cutile_fit.check_build.cache_clear()

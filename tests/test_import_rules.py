@@ -37,9 +37,9 @@ ALLOWED_LAZY = {
     ("ctbuild.project", "ctbuild.compile.compiler"),
 }
 
-#: The one module allowed to touch cuTile's private names: `ctbuild.cutile` (checks every hook
-#: at import; what differs between the supported cuda-tile versions lives there).
-PRIVATE_CUTILE = {"ctbuild.cutile"}
+#: The modules allowed to touch cuTile's private names: `ctbuild.cutile` (the hooks) and
+#: `ctbuild.cutile_fit` (the supported versions, and the check that the hooks still fit).
+PRIVATE_CUTILE = {"ctbuild.cutile", "ctbuild.cutile_fit"}
 PRIVATE_NAME = re.compile(r"cuda\.tile\._|\._annotated_function\b|\._pyfunc\b|[\"']_pyfunc[\"']|"
                           r"\._compiler_options\b|\.kernel\._compile\b|\b_cext\b")
 
