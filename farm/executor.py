@@ -5,7 +5,7 @@ digest, stores the entry, reads it back, and only then counts the job as compile
 a shared filesystem, and a killed build keeps every entry stored before it died.
 
 Start-up: with an embedded Ray started in the background (`Farm.start_in_background`), a few
-local worker processes (`farm.local_workers`) compile from the first job on while Ray comes up;
+local worker processes (`ctbuild.farm.local_workers`) compile from the first job on while Ray comes up;
 each Ray worker that warms up retires one of them.
 
 Scheduling: jobs go out longest first (by the caller's ``estimate``, re-ranked whenever its
@@ -29,7 +29,7 @@ tells the driver exactly which job each worker is on:
   written (a full disk) -> the build stops: nothing else would land correctly either.
 
 Concurrent builds into one cache do not compile a key twice: a job is dispatched only under its
-claim (`farm.claims`); a job claimed by another build waits until that build stores it (then it
+claim (`ctbuild.farm.claims`); a job claimed by another build waits until that build stores it (then it
 counts as cached) or gives the claim up (then this build compiles it).
 """
 from __future__ import annotations
@@ -511,7 +511,7 @@ class Farm:
         ``on_tick()`` about twice a second while waiting, ``on_start(n_to_compile)`` before
         Ray is started (never, when everything is cached), ``on_ready()`` when the first worker
         is warm. At the end every job counted as compiled or cached is checked in the cache."""
-        from cache import Store
+        from ctbuild.cache import Store
 
         unique: dict[str, dict[str, Any]] = {}
         for job in jobs:
@@ -604,7 +604,7 @@ class _Run:
 
     def land(self, job: dict[str, Any], rec: dict[str, Any]) -> None:
         """Check the CUBIN that came back, store it, read it back; only then is it compiled."""
-        from cache.digest import digest_of
+        from ctbuild.cache.digest import digest_of
         key, worker, seconds = job["key"], rec.get("worker"), rec.get("seconds", 0.0)
         cubin = rec.get("cubin")
         if not isinstance(cubin, bytes) or digest_of(cubin) != rec.get("digest"):

@@ -9,7 +9,7 @@ queue and send the same records back; the driver checks and stores them like any
 Ray worker that warms up retires one of them (it finishes what it holds, then exits), so the
 build ends on Ray alone and never runs more compiles at once than it has worker slots for long.
 
-The child is started as ``python -m farm.local_workers FD`` (not with `multiprocessing`, which
+The child is started as ``python -m ctbuild.farm.local_workers FD`` (not with `multiprocessing`, which
 would re-import the caller's ``__main__``). It dies with the driver: it exits when the socket
 closes, and the farm's reaper kills it (and the compiler it runs) when the driver is SIGKILLed.
 Records travel pickled over a private socket pair between the driver and its own child; nothing
@@ -39,11 +39,13 @@ class LocalWorker:
 
     def __init__(self, slot: str, spec: dict[str, Any]) -> None:
         ours, theirs = socket.socketpair()
-        root = str(Path(__file__).resolve().parent.parent)  # where `farm` and `cache` live
+        # Where the `ctbuild` package lives (this file is ctbuild/farm/local_workers.py there;
+        # not resolved: in a source tree ctbuild/farm is a link to ../farm).
+        root = str(Path(__file__).parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "farm.local_workers", str(theirs.fileno())],
+            [sys.executable, "-m", "ctbuild.farm.local_workers", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # errors come back in records
         theirs.close()
@@ -79,7 +81,7 @@ class LocalWorker:
     def kill(self) -> None:
         """Kill it now (a dead, hung or no longer needed worker) with the compiler it runs; its
         temp directory is swept by the next worker that warms up or closes here
-        (`farm.worker.sweep_orphans`)."""
+        (`ctbuild.farm.worker.sweep_orphans`)."""
         if self.proc.poll() is None:
             kill_frozen(freeze_tree(self.proc.pid))
         self.proc.kill()
