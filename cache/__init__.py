@@ -1,7 +1,8 @@
 """ctbuild's content-addressed kernel cache: CUBINs by digest, compile entries, tuning records.
 
-Imports only the standard library, diskcache and xxhash — no cuTile, torch, Ray or ctbuild — so
-the runtime path and the farm can both use it.
+Its code imports only the standard library, diskcache and xxhash — nothing of cuTile, torch, Ray
+or the rest of ctbuild — so the runtime path and the farm can both use it. (As ``ctbuild.cache``
+it loads after the ``ctbuild`` package's ``__init__``, the declaration API, as any submodule does.)
 
 On-disk layout of a cache directory (layout version 1)::
 

@@ -16,8 +16,8 @@ back with its digest through Ray's object store. The driver checks, stores and r
 CUBIN: workers need no cache path, no shared filesystem, and write only to their temp directory.
 A failing job is recorded, never cached; a job whose worker dies is retried on another worker
 (bounded); a job that hangs is cut off by the worker's own compiler timeout and, for a
-Python-level hang, by the driver, which kills and replaces the worker. Imports neither ctbuild
-nor any GPU code.
+Python-level hang, by the driver, which kills and replaces the worker. Imports neither the rest
+of ctbuild nor any GPU code.
 
     from ctbuild.farm import Farm
     with Farm(cache_dir, "ctbuild.compile.compiler:compile_job", workers=8) as farm:

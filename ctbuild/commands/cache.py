@@ -1,6 +1,6 @@
-"""``ctbuild cache ...``: the cache's own CLI (in the `cache` package), wired in here.
+"""``ctbuild cache ...``: the cache's own CLI (in `ctbuild.cache`), wired in here.
 
-The `cache` package knows nothing of ctbuild's config files, so this wrapper chooses the cache
+`ctbuild.cache` knows nothing of ctbuild's config files, so this wrapper chooses the cache
 directory as every ctbuild command and the runtime do (`ctbuild.settings.choose_cache`) and
 passes it on with why, and for ``pull`` the local GPU's arch. It also adds what needs the
 project's kernels: ``verify --identity`` (`ctbuild.compile.identity`) and ``prune``
