@@ -1,5 +1,5 @@
-"""``python -m ctbuild.cache COMMAND ...``: the ``ctbuild cache`` subcommands without ctbuild's CLI
-and its phases (what ``import ctbuild`` loads comes with the package)."""
+"""``python -m ctbuild.cache COMMAND ...``: the ``ctbuild cache`` subcommands without ctbuild's
+CLI and phases (only the ``ctbuild`` package's ``__init__`` loads first, as for any submodule)."""
 
 import argparse
 import logging

@@ -139,7 +139,8 @@ def test_nothing_imports_farm_or_cache_by_their_top_level_names() -> None:
 
 def test_farm_and_cache_never_import_ctbuild() -> None:
     core = [str(i) for pkg in NAMESPACED for i in package_imports(pkg)
-            if under(i.imported, "ctbuild") and not under(i.imported, "ctbuild.farm", "ctbuild.cache")]
+            if under(i.imported, "ctbuild")
+            and not under(i.imported, "ctbuild.farm", "ctbuild.cache")]
     assert core == []
     assert [str(i) for i in package_imports("cache") if under(i.imported, "ctbuild.farm")] == []
 

@@ -57,11 +57,11 @@ the toolchain is probed and the plan made, otherwise only when something is left
 While it starts, --early-workers local processes (default: one per worker, leaving 2 cores
 to Ray) compile; each Ray worker that is up replaces one. --address (or $RAY_ADDRESS) joins
 an existing cluster instead: the ctbuild package (its farm and cache included) and the
-project's kernel modules are shipped to the workers, which need cuda-tile[tileiras], ray, diskcache and
-xxhash installed, but no cache path and no shared filesystem: workers send each CUBIN back
-and this process alone stores it (and reads it back) in --cache. Longest configs go first
-(by the compile seconds the cache recorded for them in earlier builds). Two builds into one
-cache never compile the same key twice. A full disk stops the build (exit 1); every CUBIN
+project's kernel modules are shipped to the workers, which need cuda-tile[tileiras], ray,
+diskcache and xxhash installed, but no cache path and no shared filesystem: workers send each
+CUBIN back and this process alone stores it (and reads it back) in --cache. Longest configs go
+first (by the compile seconds the cache recorded for them in earlier builds). Two builds into
+one cache never compile the same key twice. A full disk stops the build (exit 1); every CUBIN
 stored until then is kept.
 
 Workers drop CUDA_HOME/CUDA_PATH so the pip tileiras with its own ptxas/libnvvm is used; a

@@ -56,7 +56,8 @@ import json, sys
 import ctbuild.cache, ctbuild.farm  # noqa: E401 - ctbuild's, loaded before the project's
 import user_kernels
 from ctbuild import Tensor
-out = {"files": {m: sys.modules[m].__file__ for m in ("cache", "farm", "ctbuild.cache", "ctbuild.farm")}}
+names = ("cache", "farm", "ctbuild.cache", "ctbuild.farm")
+out = {"files": {m: sys.modules[m].__file__ for m in names}}
 if sys.argv[1:] == ["launch"]:
     import torch
     x = torch.arange(1024, dtype=torch.float32, device="cuda")
@@ -81,7 +82,8 @@ def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def _json(proc: subprocess.CompletedProcess) -> dict:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, \
+        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout)
 
 
