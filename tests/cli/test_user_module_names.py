@@ -75,8 +75,7 @@ print(json.dumps(out))
 
 
 def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("CTBUILD_", "RAY_")) and k != "PYTHONPATH"}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("CTBUILD_", "RAY_"))}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd,
                           env={**clean, **env}, timeout=300)
 
