@@ -33,7 +33,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def bucket_rows(cache: Path) -> list[dict[str, Any]]:
-    from cache import Store
+    from ctbuild.cache import Store
     rows = []
     for _, rec in Store(cache).tuning_records():
         regret = rec.get("regret")

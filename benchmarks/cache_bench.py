@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cache import Store  # noqa: E402  (after the path tweak, so the benchmark runs from a checkout)
+from ctbuild.cache import Store  # noqa: E402  (after the path tweak, so the benchmark runs from a checkout)
 
 
 def rate(label: str, count: int, seconds: float, nbytes: int = 0) -> None:

@@ -85,7 +85,7 @@ def floor(tuned: Any) -> tuple[float | None, bool]:
     import gpu_runtime_examples as ex
     import torch
 
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.cutile import constant_params
     args, expected = ex.gpu_case(tuned)
     res = tuned.runtime.resolve(args)

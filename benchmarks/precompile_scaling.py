@@ -62,7 +62,7 @@ def _pool_compile(job: dict) -> tuple[dict, dict]:
 
 def pool_build(config: str, archs: str | None, workers: int, cache_dir: str) -> dict:
     """Plan and compile every job with a warm spawn pool; the parent stores the CUBINs."""
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.compile.plan import make_plan
     from ctbuild.project import load_project
     from ctbuild.toolchain import probe

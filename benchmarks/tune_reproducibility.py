@@ -43,7 +43,7 @@ def precompile_all(cache: Path, configs: list[Path], arch: str) -> None:
     CUDA is initialised in this process)."""
     from gpu_runtime_examples import precompile
 
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.project import load_project
     store = Store(cache)
     for config in configs:
@@ -66,7 +66,7 @@ def tune(config: Path, cache: Path, band: str) -> tuple[float, dict[str, Any]]:
 
 def records(cache: Path) -> dict[str, dict[str, Any]]:
     """Tuning records by (kernel, tuning key) text."""
-    from cache import Store
+    from ctbuild.cache import Store
     return {json.dumps([rec["kernel"], rec["tuning_key"]]): rec
             for _, rec in Store(cache).tuning_records() if rec.get("config") is not None}
 

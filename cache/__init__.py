@@ -1,7 +1,8 @@
 """ctbuild's content-addressed kernel cache: CUBINs by digest, compile entries, tuning records.
 
-Imports only the standard library, diskcache and xxhash — no cuTile, torch, Ray or ctbuild — so
-the runtime path and the farm can both use it.
+Its code imports only the standard library, diskcache and xxhash — nothing of cuTile, torch, Ray
+or the rest of ctbuild — so the runtime path and the farm can both use it. (As ``ctbuild.cache``
+it loads after the ``ctbuild`` package's ``__init__``, the declaration API, as any submodule does.)
 
 On-disk layout of a cache directory (layout version 1)::
 
@@ -15,9 +16,15 @@ On-disk layout of a cache directory (layout version 1)::
                                `verify --repair`, kept for inspection (safe to delete)
 
 Each diskcache directory is ``cache.db`` (SQLite, WAL) plus value files. Values are bytes or
-canonical JSON text only; pickles are neither written nor read (:mod:`cache.safe_disk`).
+canonical JSON text only; pickles are neither written nor read (:mod:`ctbuild.cache.safe_disk`).
 See docs/cache.md for integrity, concurrency, eviction, read-only use and bundles.
+
+The folder is the top-level cache/ of the source tree, imported only as ``ctbuild.cache``
+(docs/architecture.md): a top-level ``cache`` is a project's own module.
 """
+if __name__ != "ctbuild.cache":  # a source tree's root on sys.path: refuse a second copy
+    raise ImportError(f"ctbuild's cache package is ctbuild.cache, not {__name__!r} "
+                      "(python -m ctbuild.cache; from ctbuild.cache import Store)")
 
 from .digest import digest_of
 from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError

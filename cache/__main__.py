@@ -1,4 +1,5 @@
-"""``python -m cache COMMAND ...``: the ``ctbuild cache`` subcommands without the rest of ctbuild."""
+"""``python -m ctbuild.cache COMMAND ...``: the ``ctbuild cache`` subcommands without ctbuild's
+CLI and phases (only the ``ctbuild`` package's ``__init__`` loads first, as for any submodule)."""
 
 import argparse
 import logging
@@ -7,11 +8,12 @@ import sys
 
 from .cli import add_cache_parser, run_cache_command
 
+PROG = "python -m ctbuild.cache"
+
 
 def main(argv: list[str] | None = None) -> int:
-    # prog "python -m" + the "cache" subcommand reads as usage: "python -m cache ...".
-    parser = argparse.ArgumentParser(prog="python -m", description="ctbuild's kernel cache tools")
-    add_cache_parser(parser.add_subparsers(dest="command", required=True))
+    parser = argparse.ArgumentParser(prog=PROG, description="ctbuild's kernel cache tools")
+    add_cache_parser(parser.add_subparsers(dest="command", required=True), prog=PROG)
     args = parser.parse_args(["cache", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(format="%(levelname)s: %(message)s")
     try:

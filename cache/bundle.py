@@ -8,7 +8,7 @@ regular files only, members in this order::
     compile.json       {compile key: entry}       (entries exactly as stored, incl. digest/symbol/created)
     tuning.json        {tuning key: record}
     blobs/<digest>     raw CUBIN bytes, named by their xxh3-128 digest
-    signature.json     (signed bundles only) a signature document (:mod:`cache.signing`) plus
+    signature.json     (signed bundles only) a signature document (:mod:`ctbuild.cache.signing`) plus
                        "members": {name: sha256}; its subject is the SHA-256 of that member map
 
 Everything is JSON or raw bytes, so reading a bundle never unpickles or executes anything. Export
@@ -19,7 +19,7 @@ same bytes.
 What an import guarantees. Import checks the *whole* bundle first — member paths and types, the
 manifest version, JSON shapes, every blob's digest, that every blob is referenced by an entry,
 every entry's blob and every tuning record's winner is in the bundle or the store, and the
-`ImportLimits` of :mod:`cache.bundle_limits` (member size and count, what the members take on
+`ImportLimits` of :mod:`ctbuild.cache.bundle_limits` (member size and count, what the members take on
 disk with a block per file against the free space, JSON size, nesting and values) — and raises
 CacheError with nothing written if anything is wrong. Sizes and disk space are checked from each
 tar header before its data is read; blobs are streamed in chunks; the JSON documents are kept as
@@ -34,7 +34,7 @@ who can write a bundle can map any compile key to any CUBIN, and an unsigned imp
 A bundle exported with a key (``sign_key``: an Ed25519 private key, or an HMAC-SHA256 secret, over the
 SHA-256 of every member) and imported with ``require_key`` (the public key, or the same secret) is
 accepted only if it was made by a holder of that key and not changed since; ``min_sequence`` refuses
-an older signed release. Bundles and OCI images share one verification path (:func:`cache.signing.verify`).
+an older signed release. Bundles and OCI images share one verification path (:func:`ctbuild.cache.signing.verify`).
 """
 
 from __future__ import annotations

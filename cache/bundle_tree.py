@@ -2,7 +2,7 @@
 makes of a bundle (an OCI image's layer is the bundle, so mounting the image gives this tree).
 
 The tree is packed back into a bundle (members in the bundle's order, beside the cache) and
-imported through :func:`cache.bundle.import_bundle`, so every check applies unchanged, the
+imported through :func:`ctbuild.cache.bundle.import_bundle`, so every check applies unchanged, the
 signature included: a signed bundle's ``signature.json`` covers its members' bytes, not the tar
 they came in. Before packing, the tree must hold only the bundle's names as regular files (no
 links), at most :data:`MAX_TREE_FILES` blobs, and fit twice in the free space (packed copy +

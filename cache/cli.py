@@ -1,8 +1,9 @@
 """The ``ctbuild cache`` subcommands: stats, ls, verify, gc, rm, export, import, and push, pull,
-keygen (the cache as an OCI image: :mod:`cache.oci`).
+keygen (the cache as an OCI image: :mod:`ctbuild.cache.oci`).
 
 The main ``ctbuild`` CLI calls :func:`add_cache_parser` to register them and
-:func:`run_cache_command` to run them; ``python -m cache`` does the same with a parser of its own.
+:func:`run_cache_command` to run them; ``python -m ctbuild.cache`` does the same
+with a parser of its own.
 Exit codes: 0 done, 1 ``verify`` found problems or ``rm`` matched nothing, 2 bad input or an
 unusable cache (the message says what and what to do).
 """
@@ -81,16 +82,18 @@ def parse_archs(text: str) -> list[str]:
     return archs
 
 
-def add_cache_parser(subparsers: Any) -> None:
-    """Add ``cache`` and its subcommands to an argparse subparsers object."""
+def add_cache_parser(subparsers: Any, prog: str | None = None) -> None:
+    """Add ``cache`` and its subcommands to an argparse subparsers object; ``prog`` names the
+    command in usage lines where it is not the parent's prog + ``cache``."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache", dest="cache_dir", metavar="DIR",
                         help="cache directory (default: $CTBUILD_CACHE_DIR, the project config, ./.ctbuild-cache)")
     common.add_argument("--json", action="store_true", help="print the result as JSON")
     fmt = argparse.RawDescriptionHelpFormatter
 
+    named = {"prog": prog} if prog else {}
     cache = subparsers.add_parser("cache", help="inspect and maintain the kernel cache", epilog=EPILOG,
-                                  formatter_class=fmt,
+                                  formatter_class=fmt, **named,
                                   description="Inspect and maintain the content-addressed kernel cache "
                                               "(CUBINs, compile entries, tuning records).")
     sub = cache.add_subparsers(dest="cache_command", metavar="COMMAND", required=True)

@@ -6,7 +6,7 @@ Invariants every method keeps, whatever other processes do to the same directory
   compile entry is committed only after its blob (a blob is *added*, never replaced).
 * A blob is re-hashed on every read; a mismatch is a miss (never a bad CUBIN), logged once per digest,
   counted, and the bad bytes are moved to ``quarantine/`` when the store is writable.
-* Nothing read is ever unpickled (:mod:`cache.safe_disk`); anything not bytes/JSON is refused.
+* Nothing read is ever unpickled (:mod:`ctbuild.cache.safe_disk`); anything not bytes/JSON is refused.
 * A read that SQLite or the OS cannot complete (a damaged index page, an I/O error) is a miss,
   logged once and counted in ``stats()["read_errors"]``; :attr:`Store.damage` says what failed, so
   a strict caller can say the cache is damaged and how to repair it (``cache verify --repair``).
@@ -359,7 +359,7 @@ class Store:
         }
 
     def verify(self, *, repair: bool = False) -> dict[str, Any]:
-        """Re-hash every blob and check every entry; see :func:`cache.integrity.verify`."""
+        """Re-hash every blob and check every entry; see :func:`ctbuild.cache.integrity.verify`."""
         if repair:
             self._require_writable("repair")
         return integrity.verify(self, repair=repair)
@@ -367,7 +367,7 @@ class Store:
     def gc(self, *, size_limit: int | None = None, evict_tuned: bool = False,
            orphan_grace_s: float = eviction.ORPHAN_GRACE_S) -> dict[str, Any]:
         """Drop orphans, then evict LRU compile entries down to ``size_limit`` (default: the store's);
-        see :func:`cache.eviction.collect`."""
+        see :func:`ctbuild.cache.eviction.collect`."""
         self._require_writable("garbage-collect")
         limit = self.size_limit if size_limit is None else size_limit
         return eviction.collect(self, size_limit=limit, evict_tuned=evict_tuned, orphan_grace_s=orphan_grace_s)
@@ -375,7 +375,7 @@ class Store:
     def drop(self, compile_keys: Sequence[str], tuning_keys: Sequence[str], *, dry_run: bool = False
              ) -> dict[str, Any]:
         """Remove these entries and the blobs only they used (``dry_run``: count, remove nothing);
-        see :func:`cache.eviction.drop`."""
+        see :func:`ctbuild.cache.eviction.drop`."""
         if not dry_run:
             self._require_writable("remove entries")
         return eviction.drop(self, compile_keys, tuning_keys, dry_run=dry_run)
@@ -384,14 +384,15 @@ class Store:
                       sign_key: Key | None = None, sequence: int | None = None,
                       expires: float | None = None) -> dict[str, Any]:
         """Write entries (of ``archs`` only, if given) and their blobs to a tar bundle, signed with
-        ``sign_key`` (Ed25519 or HMAC-SHA256, :mod:`cache.signing`) if given; see :mod:`cache.bundle`."""
+        ``sign_key`` (Ed25519 or HMAC-SHA256, :mod:`ctbuild.cache.signing`) if given; see
+        :mod:`ctbuild.cache.bundle`."""
         return bundle.export_bundle(self, file, archs=archs, sign_key=sign_key, sequence=sequence, expires=expires)
 
     def import_bundle(self, file: str | os.PathLike | IO[bytes], *, require_key: Key | None = None,
                       limits: bundle.ImportLimits = bundle.DEFAULT_LIMITS,
                       min_sequence: int | None = None) -> dict[str, Any]:
         """Verify a bundle completely (and its signature with ``require_key``) within ``limits``,
-        then merge it in (idempotent); see :mod:`cache.bundle`."""
+        then merge it in (idempotent); see :mod:`ctbuild.cache.bundle`."""
         self._require_writable("import a bundle")
         return bundle.import_bundle(self, file, require_key=require_key, limits=limits,
                                     min_sequence=min_sequence)

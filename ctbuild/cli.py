@@ -49,7 +49,7 @@ Run 'ctbuild COMMAND --help' for each command's options.
 #: sys.modules, so classifying an error never imports anything.
 BAD_INPUT = (("ctbuild.project", "ConfigError"), ("ctbuild.declare", "DeclarationError"),
              ("ctbuild.toolchain", "ToolchainError"), ("ctbuild.serve.miss_policy", "RuntimeConfigError"),
-             ("cache.errors", "CacheError"),
+             ("ctbuild.cache.errors", "CacheError"),
              ("ctbuild.settings", "SettingsError"))
 
 

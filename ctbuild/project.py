@@ -47,8 +47,6 @@ class Project:
 
     def kernels(self) -> list[TunedKernel]:
         """Import the configured modules and return the kernels they declare."""
-        import cache  # noqa: F401 - imported before the project's paths can shadow it
-        import ctbuild.compile.compiler  # noqa: F401
         for p in reversed(self.paths):
             if str(p) not in sys.path:
                 sys.path.insert(0, str(p))

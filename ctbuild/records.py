@@ -228,7 +228,7 @@ class MissRecord:
 
 
 class TuningSource(Protocol):
-    """What reading a tuning record needs of a cache (`cache.Store` and the serve phase's
+    """What reading a tuning record needs of a cache (`ctbuild.cache.Store` and the serve phase's
     `KernelStore` both are one)."""
 
     @property

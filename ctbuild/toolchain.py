@@ -25,7 +25,7 @@ import xxhash
 from . import cutile, settings
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
 #: Env vars that change what cuTile emits: part of the fingerprint.
 KEY_ENV_VARS = ("EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD", "CUDA_TILE_TESTING_DISABLE_DIV",

@@ -13,9 +13,10 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-#: Our own packages: frames in them are never the user's.
-OWN_DIRS = tuple(str(Path(__file__).resolve().parent.parent / name) + os.sep
-                 for name in ("ctbuild", "cache", "farm"))
+#: Our own package, and where its farm and cache really live (in a source tree ctbuild/farm and
+#: ctbuild/cache are links to the top-level farm/ and cache/): frames there are never the user's.
+OWN_DIRS = tuple(sorted({str((Path(__file__).parent / name).resolve()) + os.sep
+                         for name in ("", "cache", "farm")}))
 #: The interpreter's and installed libraries' directories (a distribution's dist-packages too).
 LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) + os.sep for p in (
     *(p for key, p in sysconfig.get_paths().items()

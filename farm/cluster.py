@@ -12,7 +12,7 @@ Signals stay the caller's: Ray's C++ core would print a native stack dump on SIG
 starts; set it to 0 to get the dumps back), and the SIGTERM/SIGINT handlers ``ray.init``
 replaces on the main thread are put back, so the caller decides what a signal does.
 
-An embedded Ray is watched by `farm.reaper`, so that a driver killed by SIGKILL leaves none of
+An embedded Ray is watched by `ctbuild.farm.reaper`, so that a driver killed by SIGKILL leaves none of
 the processes it started behind. Its daemons that do nothing for a build (`IDLE_DAEMONS`) run
 only on CPU the compiles leave idle (`yield_idle_daemons`).
 """
@@ -80,7 +80,7 @@ def module_paths(modules: list[str], search: list[str]) -> list[str]:
 
 
 def start_reaper() -> int:
-    """Start `farm.reaper` watching this process; returns the pipe end to say goodbye on."""
+    """Start `ctbuild.farm.reaper` watching this process; returns the pipe end to say goodbye on."""
     read, write = os.pipe()
     subprocess.Popen([sys.executable, str(Path(__file__).with_name("reaper.py")),
                       str(os.getpid()), str(read)], pass_fds=(read,), start_new_session=True,

@@ -47,7 +47,9 @@ class LocalWorker(WorkerHandle):
     def __init__(self, name: str, spec: dict[str, Any]) -> None:
         super().__init__(name)
         ours, theirs = socket.socketpair()
-        root = str(Path(__file__).resolve().parent.parent)  # where `farm` and `cache` live
+        # Where the `ctbuild` package lives (this file is ctbuild/farm/local_workers.py there;
+        # not resolved: in a source tree ctbuild/farm is a link to ../farm).
+        root = str(Path(__file__).parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(

@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from cache.digest import digest_of
+from ctbuild.cache.digest import digest_of
 
 from .env import clean_worker_env
 from .records import COMPILED, FAILED

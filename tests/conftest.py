@@ -77,8 +77,8 @@ RUNTIME_TOOLCHAIN = "e" * 32
 @pytest.fixture
 def runtime_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A fresh cache with a recorded toolchain, no runtime env vars, and a runtime reset after."""
-    from cache import Store
     from ctbuild import cutile, runtime
+    from ctbuild.cache import Store
     for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
         monkeypatch.delenv(var, raising=False)
     store = Store(tmp_path / "cache")

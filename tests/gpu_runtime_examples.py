@@ -183,7 +183,7 @@ def tune_all(store: Any, kernels: list, log: Callable[[str], None] = print) -> d
 
 def build_cache(path: str | Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Precompile + tune the examples into ``path`` (reuses what is there)."""
-    from cache import Store
+    from ctbuild.cache import Store
     kernels = list(load_examples().values())
     store = Store(path)
     pre = precompile(store, kernels, log=log)

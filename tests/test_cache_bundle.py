@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cache import CacheError, Store, digest_of
+from ctbuild.cache import CacheError, Store, digest_of
 
 
 def cubin(i: int) -> bytes:

@@ -1,4 +1,4 @@
-"""`python -m cache ...` (the `ctbuild cache` subcommands) in real subprocesses, with --json."""
+"""`python -m ctbuild.cache ...` (the `ctbuild cache` subcommands) in real subprocesses, with --json."""
 
 import json
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cache import Store
-from cache.cli import parse_size
+from ctbuild.cache import Store
+from ctbuild.cache.cli import parse_size
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> tuple[int, object, str]:
     full_env = {k: v for k, v in os.environ.items() if k != "CTBUILD_CACHE_DIR"}
     full_env.update({"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", **(env or {})})
-    proc = subprocess.run([sys.executable, "-m", "cache", *args], cwd=cwd, env=full_env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "ctbuild.cache", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=60)
     out = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else proc.stdout
     return proc.returncode, out, proc.stderr

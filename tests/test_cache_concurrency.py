@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from cache import Store
+from ctbuild.cache import Store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def key_of(wid, j):
 
 WRITER = PAYLOAD + '''
 import sys
-from cache import Store
+from ctbuild.cache import Store
 path, wid, count, lo, hi = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 store = Store(path)
 print("ready", flush=True)
@@ -42,7 +42,7 @@ while count < 0 or j < count:
 
 READER = PAYLOAD + '''
 import json, os, random, sys
-from cache import Store
+from ctbuild.cache import Store
 path, stop = sys.argv[1], sys.argv[2]
 store = Store(path)
 keys = sorted({key_of(w, j) for w in range(8) for j in range(300)})

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from cache import Store
-from cache.__main__ import main as cache_main
-from cache.oci.layout import Layout
-from cache.oci.reference import parse_reference
-from cache.oci.referrers import fallback_tag
-from cache.oci.registry import Registry
+from ctbuild.cache import Store
+from ctbuild.cache.__main__ import main as cache_main
+from ctbuild.cache.oci.layout import Layout
+from ctbuild.cache.oci.reference import parse_reference
+from ctbuild.cache.oci.referrers import fallback_tag
+from ctbuild.cache.oci.registry import Registry
 
 INSTALL = "apt-get update && apt-get install -y docker-registry skopeo"
 needs_registry = pytest.mark.skipif(shutil.which("docker-registry") is None,
@@ -93,7 +93,7 @@ def source(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory) -> dict[str, Path]:
-    from cache.signing import keygen
+    from ctbuild.cache.signing import keygen
     root = tmp_path_factory.mktemp("keys")
     keygen(root / "ci.pem", root / "ci.pub.pem")
     keygen(root / "other.pem", root / "other.pub.pem")
@@ -112,7 +112,7 @@ def pushed(registry, source, keys) -> dict:
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    """`python -m cache ARGS` in this process (the same code as `ctbuild cache`)."""
+    """`python -m ctbuild.cache ARGS` in this process (the same code as `ctbuild cache`)."""
     import contextlib
     import io
     out, err = io.StringIO(), io.StringIO()
@@ -180,7 +180,7 @@ def test_tampered_layer_manifest_and_signature_are_refused(registry, pushed, key
 
     # A signature whose statement was edited after signing (here: a higher sequence).
     reg = Registry(parse_reference(f"{host}/kernels:v1"), push=True)
-    from cache.oci.referrers import attach_signature, find_signatures
+    from ctbuild.cache.oci.referrers import attach_signature, find_signatures
     document = find_signatures(reg, pushed["digest"])[0][0]
     forged = {**document, "statement": {**document["statement"], "sequence": 99}}
     copy = Registry(parse_reference(f"{host}/forged:v1"), push=True)
@@ -354,7 +354,7 @@ def test_bundle_signatures_ed25519_sequence_and_expiry(source, keys, tmp_path):
                        str(signed))
     assert code == 2 and "wrong key" in err
 
-    from cache.signing import load_key
+    from ctbuild.cache.signing import load_key
     secret = tmp_path / "shared.key"
     secret.write_bytes(os.urandom(32).hex().encode())
     expired = tmp_path / "expired.tar"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from test_robustness_cache import flip_table_page
 
-from cache import Store
+from ctbuild.cache import Store
 from ctbuild.serve.cache_reader import CacheReader
 
 TC = "e" * 32
@@ -26,7 +26,7 @@ def _filled(root: Path) -> Store:
 
 
 def test_layout_constants_agree_with_the_cache_package() -> None:
-    from cache import entries, layout
+    from ctbuild.cache import entries, layout
     from ctbuild.serve import cache_reader
     assert (cache_reader.LAYOUT_FILE, cache_reader.LAYOUT) == (layout.LAYOUT_FILE, layout.LAYOUT)
     assert cache_reader.COMPILE_REQUIRED == entries.COMPILE_REQUIRED

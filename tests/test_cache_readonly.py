@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cache import ReadOnlyCacheError, Store
+from ctbuild.cache import ReadOnlyCacheError, Store
 
 REPO = Path(__file__).resolve().parents[1]
 N = 20
@@ -66,11 +66,11 @@ def frozen_cache(tmp_path):
 
 READER = f'''
 import hashlib, json, logging, sys
-from cache import ReadOnlyCacheError, Store
+from ctbuild.cache import ReadOnlyCacheError, Store
 records = []
 handler = logging.Handler()
 handler.emit = records.append
-logging.getLogger("cache").addHandler(handler)
+logging.getLogger("ctbuild.cache").addHandler(handler)
 def cubin(i):
     return hashlib.sha256(str(i).encode()).digest() * (500 + 37 * i)
 store = Store(sys.argv[1])
@@ -117,7 +117,7 @@ def test_unwritable_dir_is_detected_serves_lookups_and_refuses_writes(frozen_cac
     assert out["verify"] and out["has"] and out["toolchains"] == {"tc": {"tileiras": "13.4.92"}}
 
     for args, code in ((["stats"], 0), (["ls"], 0), (["verify"], 0), (["gc"], 2), (["rm", "kern0"], 2)):
-        proc = run_reader("-m", "cache", *args, "--cache", str(frozen_cache), "--json")
+        proc = run_reader("-m", "ctbuild.cache", *args, "--cache", str(frozen_cache), "--json")
         assert proc.returncode == code, (args, proc.stdout, proc.stderr)
         result = json.loads(proc.stdout)
         if code == 2:

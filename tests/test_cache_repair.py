@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import cache.__main__ as cache_main
-from cache import Store
+import ctbuild.cache.__main__ as cache_main
+from ctbuild.cache import Store
 
 NOBODY = 65534
 
@@ -34,7 +34,7 @@ def blob_file(store: Store, key: str) -> Path:
 
 
 def cache_cli(out: Path, *argv: str) -> int:
-    """`python -m cache ARGV` in this process (or a fork of it), its output into ``out``."""
+    """`python -m ctbuild.cache ARGV` in this process (or a fork of it), its output into ``out``."""
     with open(out, "w") as stream:
         saved = os.dup(1), os.dup(2), sys.stdout, sys.stderr
         os.dup2(stream.fileno(), 1)

@@ -8,8 +8,8 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from cache import CacheError, CompileHit, Store, digest_of
-from cache.safe_disk import SafeDisk
+from ctbuild.cache import CacheError, CompileHit, Store, digest_of
+from ctbuild.cache.safe_disk import SafeDisk
 
 
 def cubin(n: int, size: int = 10_000) -> bytes:
@@ -74,7 +74,7 @@ def test_flipped_byte_is_a_counted_logged_miss_and_quarantined(tmp_path, caplog)
     data[5000] ^= 0x01
     blob.write_bytes(bytes(data))
 
-    with caplog.at_level(logging.ERROR, logger="cache"):
+    with caplog.at_level(logging.ERROR, logger="ctbuild.cache"):
         assert store.get_compile("k") is None
     assert store.stats()["digest_failures"] == 1
     assert [r for r in caplog.records if digest in r.getMessage()]
@@ -91,7 +91,7 @@ def test_corrupt_blob_in_read_only_store_logged_once_counted_each_time(tmp_path,
     (blob,) = blob_files(tmp_path)
     blob.write_bytes(b"X" + blob.read_bytes()[1:])
     ro = Store(tmp_path, readonly=True)
-    with caplog.at_level(logging.ERROR, logger="cache"):
+    with caplog.at_level(logging.ERROR, logger="ctbuild.cache"):
         assert ro.get_compile("k") is None
         assert ro.get_blob(digest) is None
     assert ro.stats()["digest_failures"] == 2

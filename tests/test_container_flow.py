@@ -284,7 +284,7 @@ def test_build_and_runtime_stages_outside_docker(tmp_path: Path) -> None:
     renv["CTBUILD_CACHE_DIR"] = str(cache)
     check = f"""
 import importlib.util, json
-from cache import Store
+from ctbuild.cache import Store
 from ctbuild import runtime
 from ctbuild.toolchain import ToolchainError, find_tileiras
 try:

@@ -282,10 +282,10 @@ def test_jit_without_tileiras_is_a_counted_miss_not_a_compile(cov, runtime_store
 def test_a_pulled_cache_image_serves_what_explain_says(compiled_add, tmp_path: Path) -> None:
     """The cache pushed as an OCI image (a layout on disk) and pulled into a fresh directory
     serves the same CUBINs: explain and the runtime's resolve agree with the original cache."""
-    from cache import Store
-    from cache.oci.image import pull, push
-    from cache.oci.layout import Layout
     from ctbuild import runtime
+    from ctbuild.cache import Store
+    from ctbuild.cache.oci.image import pull, push
+    from ctbuild.cache.oci.layout import Layout
     from ctbuild.specs import Tensor
     k, cfg, jobs = compiled_add
     t4096, t1 = Tensor((4096,), "float32"), Tensor((1,), "float32")

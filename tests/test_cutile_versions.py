@@ -19,8 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 from cli_helpers import ROOT, SMALL, explain  # noqa: E402
 
-from cache import Store  # noqa: E402
 from ctbuild import cutile  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 from ctbuild.toolchain import fingerprint_of, probe, select_recorded  # noqa: E402
 
 OTHER_PYTHON = os.environ.get("OTHER_CUTILE_PYTHON")

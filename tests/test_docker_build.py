@@ -79,11 +79,12 @@ def ignored(rel: str, rules: list[tuple[bool, re.Pattern]]) -> bool:
 
 
 def context_files(root: Path) -> dict[str, int]:
-    """The files the engine would send from `root`: relative path -> size."""
+    """The files the engine would send from `root`: relative path -> size (a link is sent as a
+    link, never followed: ctbuild/farm and ctbuild/cache)."""
     rules = dockerignore_rules((root / ".dockerignore").read_text())
     out = {}
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if Path(dirpath, d).is_symlink()]:
             path = Path(dirpath) / name
             rel = path.relative_to(root).as_posix()
             if not ignored(rel, rules):
@@ -92,10 +93,11 @@ def context_files(root: Path) -> dict[str, int]:
 
 
 def checkout_with_junk(dest: Path) -> Path:
-    """The repository's files plus what a used checkout holds: a 1.8 GB virtualenv (sparse),
-    a local cache and a git directory."""
-    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", ".venv", ".ctbuild-cache",
-                                                              "__pycache__", ".pytest_cache"))
+    """The repository's files (its links as links) plus what a used checkout holds: a 1.8 GB
+    virtualenv (sparse), a local cache and a git directory."""
+    shutil.copytree(ROOT, dest, symlinks=True,
+                    ignore=shutil.ignore_patterns(".git", ".venv", ".ctbuild-cache",
+                                                  "__pycache__", ".pytest_cache"))
     site = dest / ".venv" / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     with open(site / "libtorch_cpu.so", "wb") as f:
@@ -143,6 +145,7 @@ def test_context_of_a_checkout_with_a_venv_is_small(tmp_path: Path) -> None:
     for src in copy_sources(DOCKERFILE):
         assert src in sent or any(p.startswith(src + "/") for p in sent), f"COPY {src}: ignored"
     assert "examples/build-cache.sh" in sent and "ctbuild/cli.py" in sent
+    assert {"ctbuild/farm", "ctbuild/cache"} <= set(sent)  # the links, beside farm/ and cache/
 
 
 def test_dockerfile_pulls_no_frontend_and_names_bases_by_build_arg() -> None:

@@ -67,7 +67,7 @@ def test_cuda_home_with_older_toolkit_is_flagged(tmp_path: Path, monkeypatch) ->
 
 
 def test_serving_mode_checks_the_cache_toolchain(tmp_path: Path) -> None:
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.toolchain import probe
     cache = tmp_path / "cache"
     with Store(cache) as store:

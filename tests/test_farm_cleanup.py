@@ -90,7 +90,7 @@ def _hung_build(tmp_path: Path, **popen: object) -> tuple[subprocess.Popen, dict
     started = _descendants(driver.pid)
     assert len(started) >= 4, started  # GCS, raylet, agents, workers, the reaper
     # the local worker that compiled while Ray started is one of them (on its hung job)
-    assert any("farm.local_workers" in _cmdline(p) for p in started), started
+    assert any("ctbuild.farm.local_workers" in _cmdline(p) for p in started), started
     return driver, started
 
 

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 from cli_helpers import PROJECT, SMALL, explain, free_port, precompile, stop_session  # noqa: E402
 
-from cache import Store  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 
 RAY = Path(sys.executable).with_name("ray")
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cache import Store
-from farm import Farm
-from farm.worker import LOCK_NAME, TEMP_PREFIX, UNLOCKED_GRACE, sweep_orphans
+from ctbuild.cache import Store
+from ctbuild.farm import Farm
+from ctbuild.farm.worker import LOCK_NAME, TEMP_PREFIX, UNLOCKED_GRACE, sweep_orphans
 
 FIXTURE = Path(__file__).parent / "fixtures" / "farm_project"
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ def test_no_local_workers_when_turned_off(tmp_path):
     assert {i["slot"] for i in result.worker_info} == {"w0"}
 
 
-_HOLDER = "import sys, time; from farm.worker import hold_temp_dir; hold_temp_dir(sys.argv[1]); " \
+_HOLDER = "import sys, time; from ctbuild.farm.worker import hold_temp_dir; hold_temp_dir(sys.argv[1]); " \
           "print('locked', flush=True); time.sleep(600)"
 
 
@@ -165,7 +165,7 @@ def test_sweep_removes_only_the_temp_dirs_of_dead_workers(tmp_path):
 
 _RACER = """
 import os, shutil, sys, tempfile
-from farm.worker import hold_temp_dir, sweep_orphans, TEMP_PREFIX
+from ctbuild.farm.worker import hold_temp_dir, sweep_orphans, TEMP_PREFIX
 parent = sys.argv[1]
 for _ in range(int(sys.argv[2])):
     path = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent)

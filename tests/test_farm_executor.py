@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cache import Store
-from farm import Farm, FarmError, run_jobs
-from farm.cluster import IDLE_DAEMONS, child_processes
+from ctbuild.cache import Store
+from ctbuild.farm import Farm, FarmError, run_jobs
+from ctbuild.farm.cluster import IDLE_DAEMONS, child_processes
 
 FIXTURE = Path(__file__).parent / "fixtures" / "farm_project"
 sys.path.insert(0, str(FIXTURE))

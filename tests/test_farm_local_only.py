@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cache import Store
-from farm import Farm
+from ctbuild.cache import Store
+from ctbuild.farm import Farm
 
 FIXTURE = Path(__file__).parent / "fixtures" / "farm_project"
 sys.path.insert(0, str(FIXTURE))

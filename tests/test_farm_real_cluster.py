@@ -92,7 +92,7 @@ def test_cluster_build_lands_in_a_cache_no_worker_can_see(two_nodes, tmp_path):
               f"--workers 2 --json --report {hidden}/report.json > {hidden}/out.json; "
               f"echo \"precompile=$?\" >&2; "
               f"{py} -m ctbuild cache verify --cache {cache} >&2; echo \"verify=$?\" >&2; "
-              f"{py} -c 'import json,sys; from cache import Store; "
+              f"{py} -c 'import json,sys; from ctbuild.cache import Store; "
               f"r=json.load(open(\"{hidden}/report.json\")); s=Store(\"{cache}\"); "
               f"print(json.dumps({{\"out\": json.load(open(\"{hidden}/out.json\")), "
               f"\"landed\": sum(bool(s.get_compile(j[\"key\"])) for j in r[\"jobs\"]), "

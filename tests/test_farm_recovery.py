@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 from cli_helpers import SMALL, explain, precompile  # noqa: E402
 
-from cache import Store  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 
 
 def test_worker_death_retried_elsewhere(tmp_path):
@@ -30,7 +30,7 @@ def test_worker_death_retried_elsewhere(tmp_path):
 
 def test_worker_that_always_dies_fails_after_bounded_retries(tmp_path):
     """A job that kills every worker it runs on is recorded as failed after max_retries."""
-    from farm import run_jobs
+    from ctbuild.farm import run_jobs
     fixture = str(Path(__file__).parent / "fixtures" / "farm_project")
     jobs = [{"key": f"d{i}", "payload": "x", "action": "ok"} for i in range(3)]
     jobs.append({"key": "boom", "payload": "x", "action": "ok"})

@@ -7,11 +7,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 
-from cache import Store  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 from ctbuild.compile.job_estimates import estimator, tile_volume  # noqa: E402
 from ctbuild.compile.progress import Progress  # noqa: E402
-from farm import Farm  # noqa: E402
-from farm.records import JobRecord  # noqa: E402
+from ctbuild.farm import Farm  # noqa: E402
+from ctbuild.farm.records import JobRecord  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "farm_project"
 

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 from cli_helpers import ROOT, SMALL  # noqa: E402
 
-from farm import Farm  # noqa: E402
+from ctbuild.farm import Farm  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "farm_project"
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ def test_a_key_claimed_by_another_build_is_waited_for_not_compiled(tmp_path):
     jobs = [{"key": f"k{i}", "payload": f"p{i}"} for i in range(4)]
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from farm.claims import Claims; from cache import Store\n"
+         "import sys, time; from ctbuild.farm.claims import Claims; from ctbuild.cache import Store\n"
          f"c = Claims({str(cache)!r}) if Store({str(cache)!r}, readonly=False) else None\n"
          "assert c.claim('k2'); print('held', flush=True); time.sleep(4)\n"
          f"Store({str(cache)!r}, readonly=False).put_compile('k2', b'theirs', symbol='s', "
@@ -40,7 +40,7 @@ def test_a_key_claimed_by_another_build_is_waited_for_not_compiled(tmp_path):
         holder.wait(timeout=60)
     status = {r.key: r.status for r in result.records}
     assert status == {"k0": "compiled", "k1": "compiled", "k2": "cached", "k3": "compiled"}
-    from cache import Store
+    from ctbuild.cache import Store
     with Store(cache) as store:
         assert store.get_compile("k2").cubin == b"theirs"
 

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 from cli_helpers import ROOT, explain, precompile  # noqa: E402
 
-from cache import Store  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "identity_project"
 WORKLOAD = '{"X": Tensor((1024,), "float32"), "OUT": Tensor((1024,), "float32")}'
@@ -26,7 +26,7 @@ RUNTIME = r'''
 import json, sys
 import torch
 sys.path.insert(0, sys.argv[2])
-from cache import Store
+from ctbuild.cache import Store
 from ctbuild.project import load_project
 from ctbuild.keys import kernel_record_key
 from ctbuild.compile.plan import job_for

@@ -1,19 +1,23 @@
 """The import rules of docs/architecture.md, checked on the source and in a fresh interpreter.
 
-- ``farm`` and ``cache`` never import ``ctbuild``; ``cache`` never imports ``farm``.
+- ``farm/`` and ``cache/`` are imported only as ``ctbuild.farm`` and ``ctbuild.cache``: nothing
+  imports a top-level ``farm`` or ``cache`` (those names are a project's own modules).
+- ``ctbuild.farm`` and ``ctbuild.cache`` never import the rest of ``ctbuild``;
+  ``ctbuild.cache`` never imports ``ctbuild.farm``.
 - ``ctbuild.compile`` (CPU only) imports neither ``ctbuild.tune`` nor ``ctbuild.serve``.
 - ``ctbuild.serve`` imports neither ``ctbuild.compile``, ``ctbuild.tune``, Ray nor the farm, except
   the lazy imports in ALLOWED_LAZY.
 - The core (the modules at the top of ``ctbuild/``) imports no phase at module level, and
   inside functions only as ALLOWED_LAZY says.
 - The serve path: ``import ctbuild`` + resolving and calling a kernel, in a fresh process, loads
-  none of ``ctbuild.compile``, ``ctbuild.tune``, ``ray``, ``farm``.
+  none of ``ctbuild.compile``, ``ctbuild.tune``, ``ray``, ``ctbuild.farm``.
 - cuTile's private API is touched only by the modules in PRIVATE_CUTILE.
 """
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The top-level folders that are packages inside ctbuild (ctbuild/farm, ctbuild/cache link them).
+NAMESPACED = ("farm", "cache")
+#: Where Python code lives, each file once (a walk does not follow the links in ctbuild/).
+SOURCE_DIRS = ("ctbuild", *NAMESPACED, "tests", "benchmarks", "examples", "docs")
 PHASES = ("ctbuild.compile", "ctbuild.tune", "ctbuild.serve")
 #: Modules at the top of ctbuild/ that are not core: the CLI entry points and the public
 #: ``ctbuild.runtime`` name (a re-export of ctbuild.serve).
@@ -33,8 +41,6 @@ ALLOWED_LAZY = {
     # call (the cold-start ledger times the import), never at `import ctbuild`
     ("ctbuild", "ctbuild.serve.kernel_runtime"),
     ("ctbuild", "ctbuild.serve.ledger"),
-    # imported before a project's paths can shadow it (a project module named `build`...)
-    ("ctbuild.project", "ctbuild.compile.compiler"),
 }
 
 #: The modules allowed to touch cuTile's private names: `ctbuild.cutile` (the hooks) and
@@ -57,9 +63,12 @@ class Import:
 
 
 def module_name(path: Path) -> str:
+    """The name a file is imported by: farm/x.py is ``ctbuild.farm.x``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in NAMESPACED:
+        parts.insert(0, "ctbuild")
     return ".".join(parts)
 
 
@@ -89,9 +98,15 @@ def imports_of(path: Path) -> list[Import]:
     return found
 
 
+def python_files(folder: str) -> list[Path]:
+    """The .py files under ``folder`` (relative to the root); links to folders are not followed
+    (os.walk's default), so farm/ and cache/ are scanned once, by their own folders."""
+    return sorted(Path(d, f) for d, _, files in os.walk(ROOT / folder) for f in files
+                  if f.endswith(".py") and "__pycache__" not in Path(d).parts)
+
+
 def package_imports(package: str) -> list[Import]:
-    return [i for p in sorted((ROOT / package).rglob("*.py")) if "__pycache__" not in p.parts
-            for i in imports_of(p)]
+    return [i for p in python_files(package) for i in imports_of(p)]
 
 
 def under(module: str, *prefixes: str) -> bool:
@@ -109,14 +124,25 @@ def test_the_scan_sees_imports() -> None:
     found = {(i.imported, i.lazy) for i in imports_of(ROOT / "ctbuild" / "__init__.py")}
     assert ("ctbuild.declare", False) in found
     assert ("ctbuild.serve.kernel_runtime", True) in found
-    assert {"cache.store", "cache.errors"} <= {i.imported for i in package_imports("cache")}
+    # relative imports in cache/ resolve under the name it is imported by
+    assert {"ctbuild.cache.store", "ctbuild.cache.errors"} <= \
+        {i.imported for i in package_imports("cache")}
+
+
+def test_nothing_imports_farm_or_cache_by_their_top_level_names() -> None:
+    """A top-level ``farm`` or ``cache`` is a project's module: none of ours imports one (it
+    would be the project's, or a second copy of ours beside ``ctbuild.cache``)."""
+    found = [i for d in SOURCE_DIRS for i in package_imports(d)]
+    assert any(under(i.imported, "ctbuild.farm") for i in found)  # the scan sees the new names
+    assert [str(i) for i in found if under(i.imported, *NAMESPACED)] == []
 
 
 def test_farm_and_cache_never_import_ctbuild() -> None:
-    bad = [str(i) for pkg in ("farm", "cache") for i in package_imports(pkg)
-           if under(i.imported, "ctbuild")]
-    bad += [str(i) for i in package_imports("cache") if under(i.imported, "farm")]
-    assert bad == []
+    core = [str(i) for pkg in NAMESPACED for i in package_imports(pkg)
+            if under(i.imported, "ctbuild")
+            and not under(i.imported, "ctbuild.farm", "ctbuild.cache")]
+    assert core == []
+    assert [str(i) for i in package_imports("cache") if under(i.imported, "ctbuild.farm")] == []
 
 
 def test_build_imports_no_other_phase() -> None:
@@ -127,7 +153,7 @@ def test_build_imports_no_other_phase() -> None:
 
 def test_serve_imports_neither_build_tune_ray_nor_farm() -> None:
     bad = [str(i) for i in package_imports("ctbuild/serve")
-           if under(i.imported, "ctbuild.compile", "ctbuild.tune", "ray", "farm")
+           if under(i.imported, "ctbuild.compile", "ctbuild.tune", "ray", "ctbuild.farm")
            and not allowed_lazy(i)]
     assert bad == []
 
@@ -136,7 +162,7 @@ def test_core_imports_phases_only_where_allowed() -> None:
     core = [p for p in sorted((ROOT / "ctbuild").glob("*.py")) if module_name(p) not in NOT_CORE]
     assert len(core) >= 8
     bad = [str(i) for p in core for i in imports_of(p)
-           if under(i.imported, *PHASES, "ctbuild.commands", "ray", "farm")
+           if under(i.imported, *PHASES, "ctbuild.commands", "ray", "ctbuild.farm")
            and not allowed_lazy(i)]
     assert bad == []
 
@@ -179,12 +205,12 @@ def test_serve_path_loads_no_build_tune_ray_or_farm(tmp_path: Path) -> None:
     assert "ctbuild.serve.kernel_runtime" in got["modules"]  # the path really ran
     assert "CacheMissError" in got["errors"] and "KernelCallError" in got["errors"]
     loaded = [m for m in got["modules"]
-              if under(m, "ctbuild.compile", "ctbuild.tune", "ray", "farm")]
+              if under(m, "ctbuild.compile", "ctbuild.tune", "ray", "ctbuild.farm")]
     assert loaded == []
 
 
 def test_private_cutile_names_stay_in_their_modules() -> None:
-    touching = {module_name(p) for p in sorted((ROOT / "ctbuild").rglob("*.py"))
-                if "__pycache__" not in p.parts and PRIVATE_NAME.search(p.read_text())}
+    touching = {module_name(p) for d in ("ctbuild", *NAMESPACED) for p in python_files(d)
+                if PRIVATE_NAME.search(p.read_text())}
     assert "ctbuild.cutile" in touching  # the pattern sees what it must
     assert touching - PRIVATE_CUTILE == set()

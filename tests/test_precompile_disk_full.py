@@ -38,7 +38,7 @@ def test_full_disk_stops_the_build_and_keeps_what_landed(tmp_path):
               f"--report {tmp_path}/report.json >&2; echo \"precompile=$?\" >&2; "
               f"rm {disk}/fill; "
               f"{py} -m ctbuild cache verify --cache {cache} >&2; echo \"verify=$?\" >&2; "
-              f"{py} -c 'from cache import Store; "
+              f"{py} -c 'from ctbuild.cache import Store; "
               f"print(sum(1 for _ in Store(\"{cache}\").compile_entries()))'")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)

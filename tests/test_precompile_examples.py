@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 from cli_helpers import ROOT, explain, precompile  # noqa: E402
 
-from cache import Store  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

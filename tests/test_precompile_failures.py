@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "farm_project"))
 from cli_helpers import FAULTY, explain, precompile  # noqa: E402
 
-from cache import Store  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 
 HANG = {"FARM_FIXTURE_HANG": "1"}
 

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from conftest import RUNTIME_TOOLCHAIN, run_cli  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
-from cache import Store  # noqa: E402
 from ctbuild import runtime  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 from ctbuild.serve import preload as preload_mod  # noqa: E402
 from ctbuild.serve.cache_reader import CacheReader  # noqa: E402
 from ctbuild.serve.ledger import LEDGER, Ledger, format_ledger  # noqa: E402

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cache import Store
+from ctbuild.cache import Store
 from ctbuild.records import (
     CompileMeta,
     MissRecord,

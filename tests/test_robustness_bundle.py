@@ -1,7 +1,7 @@
 """Hostile bundles: a decompression/size bomb, unreferenced blobs, a failed write part-way, and
 authenticity (signed bundles; a tampered or unsigned one refused when a signature is required).
 
-Imports run in real `python -m cache` child processes; memory is the child's own ru_maxrss."""
+Imports run in real `python -m ctbuild.cache` child processes; memory is the child's own ru_maxrss."""
 
 import gzip
 import io
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cache import CacheError, Store, digest_of
-from cache import bundle as bundle_mod
+from ctbuild.cache import CacheError, Store, digest_of
+from ctbuild.cache import bundle as bundle_mod
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -29,8 +29,8 @@ def env() -> dict:
 
 
 def run_cache(*args: str, preexec=None) -> tuple[int, str, str]:
-    """Run `python -m cache ARGS`; returns (exit code, stdout, stderr)."""
-    proc = subprocess.run([sys.executable, "-m", "cache", *args], env=env(), capture_output=True, text=True,
+    """Run `python -m ctbuild.cache ARGS`; returns (exit code, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "ctbuild.cache", *args], env=env(), capture_output=True, text=True,
                           preexec_fn=preexec, timeout=120)
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -48,9 +48,9 @@ print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
 
 
 def peak_rss(*args: str) -> tuple[int, str, int]:
-    """Run `python -m cache ARGS`; returns (exit code, stderr, the child's own peak RSS in bytes)."""
-    proc = subprocess.run([sys.executable, "-c", LAUNCHER, "-m", "cache", *args], env=env(), capture_output=True,
-                          text=True, timeout=120)
+    """Run `python -m ctbuild.cache ARGS`; returns (exit code, stderr, the child's own peak RSS in bytes)."""
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, "-m", "ctbuild.cache", *args], env=env(),
+                          capture_output=True, text=True, timeout=120)
     code, rss = proc.stdout.split()[-2:]
     return int(code), proc.stderr, int(rss)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cache import Store
+from ctbuild.cache import Store
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = REPO / "tests" / "fixtures" / "robust_project"
@@ -140,10 +140,10 @@ def test_ls_shows_the_config_of_each_entry(tmp_path):
                               meta={"kernel": "x", "arch": "sm_90", "config": {"TILE": 64, "occupancy": occupancy}})
     env = {k: v for k, v in os.environ.items() if k != "CTBUILD_CACHE_DIR"}
     env["PYTHONPATH"] = str(REPO)
-    text = subprocess.run([sys.executable, "-m", "cache", "ls", "--cache", str(root)], env=env, capture_output=True,
-                          text=True, timeout=60).stdout
+    text = subprocess.run([sys.executable, "-m", "ctbuild.cache", "ls", "--cache", str(root)], env=env,
+                          capture_output=True, text=True, timeout=60).stdout
     assert "TILE=64,occupancy=1" in text and "TILE=64,occupancy=2" in text
-    out = subprocess.run([sys.executable, "-m", "cache", "ls", "--cache", str(root), "--json"], env=env,
+    out = subprocess.run([sys.executable, "-m", "ctbuild.cache", "ls", "--cache", str(root), "--json"], env=env,
                          capture_output=True, text=True, timeout=60).stdout
     assert sorted(c["config"]["occupancy"] for c in json.loads(out)["compile"]) == [1, 2]
 

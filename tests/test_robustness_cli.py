@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cache import Store
+from ctbuild.cache import Store
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = REPO / "tests" / "fixtures" / "robust_project"
@@ -135,7 +135,7 @@ def test_a_subcommand_imports_only_its_own_module(tmp_path):
     cache = tmp_path / "cache"
     Store(cache).close()
     code = ("import sys; from ctbuild.cli import main; main(['cache', 'stats', '--cache', sys.argv[1]]); "
-            "loaded = sorted(m for m in sys.modules if m.startswith(('ctbuild.commands.', 'ray', 'farm')));"
+            "loaded = sorted(m for m in sys.modules if m.startswith(('ctbuild.commands.', 'ray', 'ctbuild.farm')));"
             "print('LOADED', loaded)")
     proc = subprocess.run([sys.executable, "-c", code, str(cache)], env=env(), capture_output=True, text=True,
                           timeout=120)

@@ -16,8 +16,8 @@ from conftest import RUNTIME_TOOLCHAIN, count_slow_calls  # noqa: E402
 from gpu_runtime_examples import ROOT, host_tensors, load_examples  # noqa: E402
 
 import ctbuild  # noqa: E402
-from cache import Store  # noqa: E402
 from ctbuild import Product, Tensor, runtime  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 from ctbuild.serve.served_kernel import CubinSource, ServedKernel  # noqa: E402
 from ctbuild.signature import derive_signature  # noqa: E402
 from ctbuild.space import Config  # noqa: E402
@@ -143,7 +143,7 @@ except Exception as exc:
     err = str(exc)
 print(json.dumps({{"config": res.config.to_json(), "err": err,
                   "mods": sorted(m for m in sys.modules
-                                 if m.split(".")[0] in ("ray", "farm"))}}))
+                                 if m.split(".")[0] == "ray" or m.startswith("ctbuild.farm"))}}))
 """
 
 

@@ -31,8 +31,8 @@ from gpu_runtime_examples import (  # noqa: E402
 )
 
 import ctbuild  # noqa: E402
-from cache import Store  # noqa: E402
 from ctbuild import Product, Tensor, runtime  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 from ctbuild.dims import dims_of  # noqa: E402
 from ctbuild.serve.miss_policy import CacheMissError  # noqa: E402
 from ctbuild.serve.served_kernel import STATS  # noqa: E402

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 from conftest import RUNTIME_TOOLCHAIN  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
-from cache import Store  # noqa: E402
 from ctbuild import runtime  # noqa: E402
+from ctbuild.cache import Store  # noqa: E402
 from ctbuild.keys import tuning_record_key  # noqa: E402
 from ctbuild.serve.miss_policy import CacheMissError, RuntimeConfigError  # noqa: E402
 from ctbuild.signature import derive_signature  # noqa: E402

@@ -103,7 +103,7 @@ def test_runtime_and_explain_use_the_config_above_the_kernel(layout: Path) -> No
 
 
 def test_doctor_and_cache_stats_say_which_cache_and_why(layout: Path) -> None:
-    from cache import Store
+    from ctbuild.cache import Store
     proj = layout / "proj"
     Store(proj / "built").close()
     stats = run_cli("cache", "stats", cwd=proj / "pkg")

@@ -126,7 +126,7 @@ def _prime(store, tuned, w, device, fp, skip=()):
 def test_record_structure_and_skip_when_tuned(tmp_path, monkeypatch, fixture_kernels):
     import cuda.tile as ct
 
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.tune import session as tune_session
     from ctbuild.tune import tuner as tuning
     twice = fixture_kernels["twice"]
@@ -180,7 +180,7 @@ def test_failures_are_recorded_and_all_failed_writes_nothing(tmp_path, monkeypat
                                                              fixture_kernels):
     import cuda.tile as ct
 
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.tune import tuner as tuning
     faulty = fixture_kernels["faulty"]
     device = tuning.Device(0, "sm_90", "Fake GPU", "580.0")
@@ -217,7 +217,7 @@ def test_inplace_restore_leaves_one_clean_launch(tmp_path, monkeypatch, examples
     import cuda.tile as ct
     from demo_kernels.rope import rope_inplace
 
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.tune import tuner as tuning
     from ctbuild.tune.inputs import make_inputs
     device = tuning.Device(0, "sm_90", "Fake GPU", "580.0")
@@ -293,7 +293,7 @@ def test_dim_bucket_records_ties_and_regret_inside_the_bucket(tmp_path, monkeypa
     regret at the bucket's lower bound and midpoints shows where another config is faster."""
     import cuda.tile as ct
 
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.project import load_project
     from ctbuild.tune import tuner as tuning
     project_dir = ROOT / "tests" / "fixtures" / "coverage_project"
@@ -351,7 +351,7 @@ def test_fleet_split_longest_first_and_slow_gpu():
 def test_fleet_moves_the_keys_of_a_dead_measuring_process(tmp_path):
     """Two lanes; every measuring process dies (here: no GPU) with no candidate to blame: each
     key is reported, moved to the other lane, and reported again with the move noted."""
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.project import load_project
     from ctbuild.tune.fleet import FleetRun, tune_fleet
     from ctbuild.tune.session import TuneOptions, entries_for

@@ -39,8 +39,8 @@ def _arch() -> str:
 @pytest.fixture(scope="module")
 def examples_cache(tmp_path_factory):
     """Every example candidate for this GPU's arch, compiled in-process into a fresh Store."""
-    from cache import Store
     from ctbuild.arch import Arch
+    from ctbuild.cache import Store
     from ctbuild.compile.compile_pool import CompilePool
     from ctbuild.compile.plan import make_plan
     from ctbuild.project import load_project
@@ -75,7 +75,7 @@ def examples_tuned(examples_cache):
 
 
 def test_examples_tuned_from_cache_with_no_compiles(examples_tuned, examples_cache):
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.project import load_project
     from ctbuild.space import Config
     from ctbuild.tune.choice import TieBand, Timing, ties_with
@@ -145,7 +145,7 @@ def test_rope_inplace_tensors_equal_one_clean_run(examples_cache):
     """Online tuning on the caller's tensors: Q ends bit-for-bit as after one clean launch."""
     import cuda.tile as ct
 
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.serve.served_kernel import CubinSource, ServedKernel
     from ctbuild.space import Config
     from ctbuild.tune.inputs import make_inputs
@@ -205,7 +205,7 @@ def test_two_measuring_processes_on_one_gpu_record_one_fleet_winner(examples_tun
     holds the winner decided on their median with both processes' times."""
     import shutil
 
-    from cache import Store
+    from ctbuild.cache import Store
     cache = tmp_path / "cache"
     shutil.copytree(examples_cache, cache)
     r = run_cli("tune", "--config", str(EXAMPLES / "ctbuild.toml"), "--cache", str(cache),
@@ -225,7 +225,7 @@ def test_two_measuring_processes_on_one_gpu_record_one_fleet_winner(examples_tun
 
 def test_verify_re_measures_recorded_winners_and_rewrites_nothing(examples_tuned,
                                                                   examples_cache):
-    from cache import Store
+    from ctbuild.cache import Store
     store = Store(examples_cache)
     before = dict(store.tuning_records())
     r = run_cli("tune", "--verify", "--config", str(EXAMPLES / "ctbuild.toml"), "--cache",

@@ -1,10 +1,10 @@
 """The cache as an OCI image: ``ctbuild cache push`` / ``pull`` over a registry or an OCI image layout.
 
-An image is one layer: the cache bundle (:mod:`cache.bundle`), gzip-compressed, as a standard
+An image is one layer: the cache bundle (:mod:`ctbuild.cache.bundle`), gzip-compressed, as a standard
 ``application/vnd.oci.image.layer.v1.tar+gzip`` layer, so registries, ``skopeo``, GKM's extractor
 and Kubernetes image volumes all take it as an ordinary image. Its config's labels and the
-manifest's annotations say what is inside (see :mod:`cache.oci.image`). A signature is a separate
-artifact whose ``subject`` is the image manifest (:mod:`cache.oci.referrers`).
+manifest's annotations say what is inside (see :mod:`ctbuild.cache.oci.image`). A signature is a separate
+artifact whose ``subject`` is the image manifest (:mod:`ctbuild.cache.oci.referrers`).
 
 Modules: ``reference`` (parse ``host/repo:tag@digest``), ``registry`` (the distribution API over
 urllib), ``layout`` (an OCI image layout on disk), ``referrers`` (attach and find signatures),

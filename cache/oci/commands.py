@@ -1,6 +1,6 @@
 """The ``ctbuild cache push``, ``pull`` and ``keygen`` subcommands (parsers and runners).
 
-``cache.cli`` registers them; each runner returns ``(result, text, exit code)`` like the other
+``ctbuild.cache.cli`` registers them; each runner returns ``(result, text, exit code)`` like the other
 cache commands and raises CacheError for bad input (one line, exit 2).
 """
 

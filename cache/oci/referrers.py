@@ -1,7 +1,7 @@
 """Signatures attached to an image: an OCI artifact whose ``subject`` is the image manifest.
 
 A signature artifact is a manifest with ``artifactType`` :data:`SIGNATURE_TYPE`, the empty config,
-one layer holding the signature document (:mod:`cache.signing`) and ``subject`` = the image's
+one layer holding the signature document (:mod:`ctbuild.cache.signing`) and ``subject`` = the image's
 manifest descriptor. Registries with the referrers API index it by its subject on their own. For
 registries without it (the CNCF distribution registry 2.x among them) the pusher also maintains
 the OCI 1.1 *referrers tag schema*: an image index tagged ``sha256-<hex of the subject>`` listing

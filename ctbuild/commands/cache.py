@@ -1,6 +1,6 @@
-"""``ctbuild cache ...``: the cache's own CLI (in the `cache` package), wired in here.
+"""``ctbuild cache ...``: the cache's own CLI (in `ctbuild.cache`), wired in here.
 
-The `cache` package knows nothing of ctbuild's config files, so this wrapper chooses the cache
+`ctbuild.cache` knows nothing of ctbuild's config files, so this wrapper chooses the cache
 directory as every ctbuild command and the runtime do (`ctbuild.settings.choose_cache`) and
 passes it on with why, and for ``pull`` the local GPU's arch. It also adds what needs the
 project's kernels: ``verify --identity`` (`ctbuild.compile.identity`) and ``prune``
@@ -24,7 +24,7 @@ fingerprint, are left alone (`ctbuild cache rm KERNEL` removes a kernel's entrie
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
-    from cache.cli import add_cache_parser
+    from ctbuild.cache.cli import add_cache_parser
     add_cache_parser(sub)
     sub.choices[name].set_defaults(run=run)
     from .identity import add_identity_args
@@ -54,7 +54,7 @@ def _add_prune(cache_parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cache.cli import run_cache_command
+    from ctbuild.cache.cli import run_cache_command
     if getattr(args, "identity", False):
         from .identity import run_identity
         return run_identity(args)

@@ -85,7 +85,7 @@ def _serving_problems(cache: Path, report: dict[str, Any]) -> list[str]:
         problems.append("no GPU visible: the runtime launches on CUDA devices")
     if not cache.is_dir():
         return problems + [f"no cache at {cache}: mount it and set {settings.CACHE_DIR_ENV}"]
-    from cache import CacheError, Store
+    from ctbuild.cache import CacheError, Store
     try:
         with Store(cache) as store:
             profiles = store.toolchains()

@@ -4,7 +4,7 @@ Ray is the default farm where it is installed: it joins clusters (``--address``)
 embedded one uses every core of a big host. But an embedded Ray takes 8-19 s to come up on 2
 cores, longer than a small rebuild's compiles; and a serving install (no ``farm`` extra) has
 no Ray at all. So ``--farm auto`` (the default) compiles on local worker processes (the same
-`farm.FarmWorker`, `farm.local_workers`) when Ray is not installed, or when the build's
+`ctbuild.farm.FarmWorker`, `ctbuild.farm.local_workers`) when Ray is not installed, or when the build's
 estimated work per worker is below `SMALL_BUILD_SECONDS`: it is over before Ray would be up.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ def add_farm_arg(parser: argparse.ArgumentParser) -> None:
 def farm_mode(args: argparse.Namespace) -> tuple[str, str | None]:
     """("ray" | "local" | "auto", a note to print once or None); `ConfigError` for flags
     that cannot work together (a cluster without Ray, a cluster with ``--farm local``)."""
-    from farm.cluster import ray_installed, resolve_address
+    from ctbuild.farm.cluster import ray_installed, resolve_address
 
     address = resolve_address(args.address)
     named = f"--address {args.address}" if args.address else f"RAY_ADDRESS={address}"

@@ -24,7 +24,7 @@ def add_identity_args(cache_parser: argparse.ArgumentParser) -> None:
 
 @guarded
 def run_identity(args: argparse.Namespace) -> int:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from ..compile.identity import verify_identity
 

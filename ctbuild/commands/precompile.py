@@ -1,7 +1,7 @@
 """``ctbuild precompile``: compile every planned config to CUBINs in the cache, on Ray.
 
 The driver loads the project, probes the toolchain, plans, records the toolchain profile in the
-cache, skips keys already cached and hands the rest to the farm (`farm.Farm`), whose workers
+cache, skips keys already cached and hands the rest to the farm (`ctbuild.farm.Farm`), whose workers
 compile and send the CUBINs back; the driver alone writes the cache. Into an empty cache Ray
 starts in the background while the toolchain is probed and the plan made. Ray and the farm are
 imported only when this runs.
@@ -56,12 +56,12 @@ core is started (a few seconds) and stopped at the end; into an empty cache it s
 the toolchain is probed and the plan made, otherwise only when something is left to compile.
 While it starts, --early-workers local processes (default: one per worker, leaving 2 cores
 to Ray) compile; each Ray worker that is up replaces one. --address (or $RAY_ADDRESS) joins
-an existing cluster instead: ctbuild, the farm, the cache package and the project's kernel
-modules are shipped to the workers, which need cuda-tile[tileiras], ray, diskcache and
-xxhash installed, but no cache path and no shared filesystem: workers send each CUBIN back
-and this process alone stores it (and reads it back) in --cache. Longest configs go first
-(by the compile seconds the cache recorded for them in earlier builds). Two builds into one
-cache never compile the same key twice. A full disk stops the build (exit 1); every CUBIN
+an existing cluster instead: the ctbuild package (its farm and cache included) and the
+project's kernel modules are shipped to the workers, which need cuda-tile[tileiras], ray,
+diskcache and xxhash installed, but no cache path and no shared filesystem: workers send each
+CUBIN back and this process alone stores it (and reads it back) in --cache. Longest configs go
+first (by the compile seconds the cache recorded for them in earlier builds). Two builds into
+one cache never compile the same key twice. A full disk stops the build (exit 1); every CUBIN
 stored until then is kept.
 
 Workers drop CUDA_HOME/CUDA_PATH so the pip tileiras with its own ptxas/libnvvm is used; a
@@ -213,7 +213,7 @@ def _use_local(args: argparse.Namespace, farm: Any, store: Any, jobs: list[dict[
 
 def _cache_is_cold(cache_dir: Path) -> bool:
     """Whether the cache holds no compile entry yet (then a build compiles, surely)."""
-    from cache import Store
+    from ctbuild.cache import Store
     try:
         with Store(cache_dir, readonly=True) as store:
             return next(iter(store.compile_entries()), None) is None
@@ -241,7 +241,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
 
     import sqlite3
 
-    from cache import CacheError, Store
+    from ctbuild.cache import CacheError, Store
     try:
         with Store(project.cache_dir, readonly=False) as store:
             record_in(store, toolchain)
@@ -319,20 +319,18 @@ def modules_paths(project: Project) -> list[str]:
 
 def _make_farm(args: argparse.Namespace, project: Project) -> Any:
     """The farm for this build (not started): where it runs, what workers import and strip."""
-    import cache as cache_pkg
     import ctbuild
-    import farm as farm_pkg
-    from farm import Farm, FarmError, FarmOptions
-    from farm.cluster import module_paths, resolve_address
+    from ctbuild.farm import Farm, FarmError, FarmOptions
+    from ctbuild.farm.cluster import module_paths, resolve_address
 
     from ..compile.worker_setup import STRIPPED_ENV
 
     address = resolve_address(args.address)
     paths = [str(p) for p in project.paths]
     ship: list[str] = []
-    if address is not None:  # ship our packages and the kernel modules to the cluster
+    if address is not None:  # ship our package (farm and cache are in it) and the kernel modules
         try:
-            ship = [str(Path(str(m.__file__)).parent) for m in (ctbuild, farm_pkg, cache_pkg)]
+            ship = [str(Path(str(ctbuild.__file__)).parent)]
             ship += module_paths(project.modules, paths)
         except FarmError as exc:
             raise ConfigError(str(exc)) from None
@@ -349,7 +347,7 @@ def _make_farm(args: argparse.Namespace, project: Project) -> Any:
 def _run_farm(args: argparse.Namespace, farm: Any, jobs: list[dict[str, Any]],
               stream: Any) -> tuple[Any, str | None]:
     """Run the jobs on the farm with a progress display; (result, None) or (None, error)."""
-    from farm import FarmError
+    from ctbuild.farm import FarmError
 
     from ..compile.progress import Progress
 

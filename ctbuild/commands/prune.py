@@ -20,7 +20,7 @@ def _size(n: int) -> str:
 
 @guarded
 def run_prune(args: argparse.Namespace) -> int:
-    from cache import ReadOnlyCacheError, Store
+    from ctbuild.cache import ReadOnlyCacheError, Store
 
     from ..compile.prune import plan_prune
 

@@ -145,7 +145,7 @@ def _line(s: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from ..toolchain import toolchain_for
     from ..tune.fleet import FleetRun, GpuListError, tune_fleet

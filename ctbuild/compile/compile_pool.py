@@ -13,7 +13,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from .plan import CompileJob
 

@@ -244,7 +244,7 @@ def check_cached(cache_dir: Path, modules: Sequence[str], paths: Sequence[str],
     them again as missing. ``bytecode_version`` None: the one the cache's profile of
     ``toolchain_fp`` records (a tuning node needs no tileiras for it). Afterwards a build hands
     the keys it compiled to `remember_build`."""
-    from cache import Store
+    from ctbuild.cache import Store
     with Store(cache_dir, readonly=False) as store:
         if bytecode_version is None:
             bytecode_version = (store.get_toolchain(toolchain_fp) or {}).get("bytecode_version")
@@ -257,7 +257,7 @@ def check_cached(cache_dir: Path, modules: Sequence[str], paths: Sequence[str],
 
 def remember_build(guard: IrGuard, cache_dir: Path, compiled: Iterable[str]) -> None:
     """After the build: remember the entries it compiled (see `IrGuard.remember`)."""
-    from cache import Store
+    from ctbuild.cache import Store
     with Store(cache_dir, readonly=False) as store:
         guard.remember(store, compiled)
 

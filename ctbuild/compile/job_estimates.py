@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..records import CompileMeta, RecordFormatError
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
 #: The guess without a record: BASE + SCALE * tile_volume ** POWER seconds.
 GUESS_BASE, GUESS_SCALE, GUESS_POWER = 0.1, 6.5e-5, 0.75

@@ -48,7 +48,7 @@ def _store_facts(cache_dir: Path | None, keys: list[str]
     cache at ``cache_dir``, read-only; empty when there is none (nothing is created)."""
     if cache_dir is None or not Path(cache_dir).is_dir():
         return {}, set(), {}
-    from cache import Store
+    from ctbuild.cache import Store
 
     from ..records import RecordFormatError, TuningRecord
     try:

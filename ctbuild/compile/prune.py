@@ -7,7 +7,7 @@ old version's entries can never be served again, but a rollback may want them ba
 the planned fingerprint is kept, then the most recently written others, ``keep`` in all.
 Kernels the project does not declare (another project may share the cache) and entries without
 a fingerprint are left alone. Only this side knows fingerprints; the store removes what it is
-told (`cache.Store.drop`).
+told (`ctbuild.cache.Store.drop`).
 """
 from __future__ import annotations
 

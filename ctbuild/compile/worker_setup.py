@@ -1,6 +1,6 @@
 """What a farm worker runs once before compiling: the ctbuild side of the farm's setup hook.
 
-`farm` imports nothing of ctbuild; the driver passes these top-level functions to it by
+`ctbuild.farm` imports nothing else of ctbuild; the driver passes these top-level functions to it by
 reference and Ray imports them on the workers (shipped with the ``ctbuild`` package).
 """
 from __future__ import annotations

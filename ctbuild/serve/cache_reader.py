@@ -3,14 +3,14 @@ read-only, without importing diskcache or the ``cache`` package.
 
 Importing ``cache`` (diskcache, its bundle, integrity and eviction modules) was most of a first
 call's time. Serving reads four kinds of entries by key and never needs those modules: this
-reader runs the same queries `cache.namespace.Namespace` runs on the same files (diskcache's
+reader runs the same queries `ctbuild.cache.namespace.Namespace` runs on the same files (diskcache's
 ``Cache`` table: ``key``, ``raw``, ``tag``, ``mode``, ``filename``, ``value``) and makes the same
-checks `cache.Store` makes: a value stored pickled (any diskcache mode but raw, binary or text)
+checks `ctbuild.cache.Store` makes: a value stored pickled (any diskcache mode but raw, binary or text)
 is refused, JSON entries must be objects with their required fields, and every CUBIN is
 re-hashed (xxh3-128) against its digest before it is served; a mismatch is a miss. What only a
 writer does -- a JIT write-back, moving a corrupt blob to ``quarantine/`` -- goes to a
-`cache.Store`, opened on first need. A directory this reader cannot take (no layout marker yet,
-another layout) is opened as a `cache.Store`, which creates, stamps or refuses it.
+`ctbuild.cache.Store`, opened on first need. A directory this reader cannot take (no layout marker yet,
+another layout) is opened as a `ctbuild.cache.Store`, which creates, stamps or refuses it.
 
 The layout constants below mirror ``cache/layout.py`` and ``cache/entries.py`` (a test checks
 they agree): the ``cache`` package stays independent of ctbuild.
@@ -67,7 +67,7 @@ class CacheReader:
 
     @classmethod
     def open(cls, path: Path) -> CacheReader | None:
-        """A reader of the cache at ``path``, or None where `cache.Store` must open it (no
+        """A reader of the cache at ``path``, or None where `ctbuild.cache.Store` must open it (no
         marker yet, an unreadable one or another layout: the store says what to do)."""
         try:
             found = json.loads((path / LAYOUT_FILE).read_text())
@@ -140,13 +140,13 @@ class CacheReader:
         return ServedCubin(cubin, entry["symbol"], entry)
 
     def put_compile(self, key: str, cubin: bytes, *, symbol: str, meta: dict[str, Any]) -> str:
-        """A JIT write-back: through a `cache.Store` (the writer's invariants live there)."""
+        """A JIT write-back: through a `ctbuild.cache.Store` (the writer's invariants live there)."""
         return self.writer().put_compile(key, cubin, symbol=symbol, meta=meta)
 
     def writer(self) -> KernelStore:
-        """The `cache.Store` of this directory, opened on first need."""
+        """The `ctbuild.cache.Store` of this directory, opened on first need."""
         if self._writer is None:
-            from cache import Store
+            from ctbuild.cache import Store
             self._writer = Store(self._path, on_damage=self.on_damage)
         return self._writer
 
@@ -161,7 +161,7 @@ class CacheReader:
 
     def _entry(self, ns: str, key: str, mode: Any, filename: Any, value: Any,
                required: tuple[str, ...]) -> dict[str, Any] | None:
-        """A stored JSON entry, checked as `cache.entries.entry_problem` checks it."""
+        """A stored JSON entry, checked as `ctbuild.cache.entries.entry_problem` checks it."""
         text = self._value(ns, key, mode, filename, value)
         if text is None:
             return None

@@ -84,7 +84,7 @@ class RuntimeContext:
 
     def _open_store(self) -> KernelStore | None:
         """The cache: read directly (`cache_reader`) unless this mode tunes online (it writes
-        records) or the directory is not a readable cache yet, then a `cache.Store`; None (every
+        records) or the directory is not a readable cache yet, then a `ctbuild.cache.Store`; None (every
         lookup a miss) where there is no directory: resolving and explaining create none, and an
         empty new cache could serve nothing anyway."""
         if not self.cache_dir.is_dir():
@@ -95,8 +95,8 @@ class RuntimeContext:
             reader = CacheReader.open(self.cache_dir)
             if reader is not None:
                 return reader
-        from cache import Store
-        from cache.layout import LAYOUT_FILE
+        from ctbuild.cache import Store
+        from ctbuild.cache.layout import LAYOUT_FILE
         # A directory that holds no cache yet (an empty volume) is opened read-only: it can
         # serve nothing, and explaining or resolving must not write into it.
         fresh = not any((self.cache_dir / name).exists() for name in (LAYOUT_FILE, "compile"))

@@ -1,4 +1,4 @@
-"""What serving needs of a cache: the methods of `cache.Store` the serve phase calls, and no
+"""What serving needs of a cache: the methods of `ctbuild.cache.Store` the serve phase calls, and no
 more (a deployment may pass its own store to `runtime.configure`)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 
 class CachedCubin(Protocol):
-    """A verified compile entry (`cache.CompileHit`)."""
+    """A verified compile entry (`ctbuild.cache.CompileHit`)."""
 
     @property
     def cubin(self) -> bytes: ...

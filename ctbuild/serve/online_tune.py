@@ -17,7 +17,7 @@ from .served_kernel import ServedKernel
 from .streams import torch_stream
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from ..declare import TunedKernel
     from .context import RuntimeContext
@@ -40,7 +40,7 @@ def tune_online(tuned: TunedKernel, ctx: RuntimeContext, w: Workload, *, device:
     start = time.perf_counter()
     try:
         rec = tuning.tune_workload(
-            # the serving store is a `cache.Store`; `KernelStore` names only what serving calls
+            # the serving store is a `ctbuild.cache.Store`; `KernelStore` names only what serving calls
             tuned, w, store=cast("Store | None", ctx.store), toolchain_fp=ctx.toolchain_fp,
             device=tuning.Device(device, arch, gpu, tuning.driver_version()),
             timeout_s=None, write=ctx.writable and record_key is not None,

@@ -30,7 +30,7 @@ from .session import Entry, TuneOptions, run_isolated
 from .verify import contenders
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from .tuner import Device
 

@@ -11,7 +11,7 @@ from ..records import CompileMeta, RecordFormatError
 from ..specs import Workload, spec_from_json
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from ..declare import TunedKernel
 

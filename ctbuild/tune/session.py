@@ -32,7 +32,7 @@ from .refine import keep_refined, refine_bucket
 from .tuner import Device, TuneSettings, context_ok, current_device, record_key, tune_workload
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
 log = logging.getLogger("ctbuild")
 
@@ -289,7 +289,7 @@ def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
 def _child(spec_path: str) -> int:
     """The supervised tuning process (``python -m ctbuild.tune.session SPEC``)."""
     spec = json.loads(Path(spec_path).read_text())
-    from cache import Store
+    from ctbuild.cache import Store
 
     from ..project import load_project
     project = load_project(spec["config"], cache_dir=spec["cache"])

@@ -50,7 +50,7 @@ from .regret import bucket_regret, summary
 from .runoff import RunoffBudget, RunoffResult, finalists, runoff
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from ..serve.served_kernel import ServedKernel
 
@@ -294,7 +294,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
         w: its call arguments by name: specs (``Tensor``/``Scalar``; random inputs, or the
             kernel's ``inputs`` hook) or real CUDA tensors (online tuning; left as after one
             launch of the winner).
-        store: a ``cache.Store``; CUBINs are read from it, the record written to it.
+        store: a ``ctbuild.cache.Store``; CUBINs are read from it, the record written to it.
         toolchain_fp: the toolchain the CUBINs were built with (default: `toolchain_for`).
         device: the GPU (default: torch's current device).
         cap: the project's candidate cap.

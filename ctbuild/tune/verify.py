@@ -21,7 +21,7 @@ from .runoff import RunoffBudget, runoff
 from .tuner import Benches, Device, record_key
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from .session import Entry
 

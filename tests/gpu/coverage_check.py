@@ -234,7 +234,7 @@ def serve_child(workdir: Path) -> int:
 
 
 def _planned_class(workdir: Path, key: str) -> str:
-    from cache import Store
+    from ctbuild.cache import Store
     for k, meta in Store(workdir / "cache").compile_entries():
         if k == key:
             return str(meta.get("class", "exact"))
