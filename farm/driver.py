@@ -16,8 +16,8 @@ driver knows which job each worker is on:
   cannot set up, a worker whose probed info differs from ``expect``, or a cache that cannot be
   written (a full disk) -> the build stops: nothing else would land correctly either.
 
-What goes out when is the scheduler's (`farm.scheduler`); the workers are the pool's
-(`farm.pool`).
+What goes out when is the scheduler's (`ctbuild.farm.scheduler`); the workers are the pool's
+(`ctbuild.farm.pool`).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class Driver:
     def session(self) -> Iterator[None]:
         """The cache open for writing and this build's claims, for one run; at its end every
         job counted as compiled or cached is checked in the cache."""
-        from cache import Store
+        from ctbuild.cache import Store
         with Store(self.cache_dir, readonly=False) as store:
             self.store = store
             self.claims = Claims(self.cache_dir)
@@ -125,7 +125,7 @@ class Driver:
 
     def land(self, job: dict[str, Any], rec: dict[str, Any]) -> None:
         """Check the CUBIN that came back, store it, read it back; only then is it compiled."""
-        from cache.digest import digest_of
+        from ctbuild.cache.digest import digest_of
         key, worker, seconds = job["key"], rec.get("worker"), rec.get("seconds", 0.0)
         cubin = rec.get("cubin")
         if not isinstance(cubin, bytes) or digest_of(cubin) != rec.get("digest"):

@@ -1,10 +1,10 @@
 """The farm's public face: `Farm` (start, run, close) and the one-shot `run_jobs`.
 
-A `Farm` is its worker pool (`farm.pool`: Ray, the workers, their start-up) and, per `run`, a
-driver (`farm.driver`: the loop that feeds the workers and alone writes the cache) with its
-scheduler (`farm.scheduler`: which jobs go out next, in what batches). Workers are reached
-through one interface (`farm.worker_handle`), as Ray actors (`farm.ray_workers`) or local
-processes (`farm.local_workers`).
+A `Farm` is its worker pool (`ctbuild.farm.pool`: Ray, the workers, their start-up) and, per `run`, a
+driver (`ctbuild.farm.driver`: the loop that feeds the workers and alone writes the cache) with its
+scheduler (`ctbuild.farm.scheduler`: which jobs go out next, in what batches). Workers are reached
+through one interface (`ctbuild.farm.worker_handle`), as Ray actors (`ctbuild.farm.ray_workers`) or local
+processes (`ctbuild.farm.local_workers`).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Farm:
         self.fatal: str | None = None
 
     started = _from_pool("started", "Whether Ray is up (started or joined).")
-    slots = _from_pool("slots", "The worker slots (`farm.pool.Slot`).")
+    slots = _from_pool("slots", "The worker slots (`ctbuild.farm.pool.Slot`).")
     startup_seconds = _from_pool("startup_seconds", "Start-up until the first worker was warm.")
     startup_steps = _from_pool("startup_steps", "Where the start-up went (`WorkerPool`).")
     restarts = _from_pool("restarts", "Workers lost to a crash or a hang.")

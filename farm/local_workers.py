@@ -5,13 +5,13 @@ connect), and no Ray worker can exist before that. The driver's cores sit idle m
 the farm starts a few plain processes right after planning: each runs the very `FarmWorker` a
 Ray actor runs (same environment cleaning, temp directory, setup hook and compile function),
 driven over a socket instead of Ray's object store, behind the same worker interface
-(`farm.worker_handle`). They take jobs from the same longest-first
+(`ctbuild.farm.worker_handle`). They take jobs from the same longest-first
 queue and send the same records back; the driver checks and stores them like any other. Each
 Ray worker that warms up retires one of them (it finishes what it holds, then exits), so the
 build ends on Ray alone and never runs more compiles at once than it has worker slots for long.
 With ``local_only`` (no Ray installed, or a build too small to wait for Ray) they are the farm.
 
-The child is started as ``python -m farm.local_workers FD`` (not with `multiprocessing`, which
+The child is started as ``python -m ctbuild.farm.local_workers FD`` (not with `multiprocessing`, which
 would re-import the caller's ``__main__``). It dies with the driver: it exits when the socket
 closes, and the farm's reaper kills it (and the compiler it runs) when the driver is SIGKILLed.
 Records travel pickled over a private socket pair between the driver and its own child; nothing
@@ -53,7 +53,7 @@ class LocalWorker(WorkerHandle):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "farm.local_workers", str(theirs.fileno())],
+            [sys.executable, "-m", "ctbuild.farm.local_workers", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # errors come back in records
         theirs.close()
@@ -98,7 +98,7 @@ class LocalWorker(WorkerHandle):
     def kill(self) -> bool:
         """Kill it now (a dead, hung or no longer needed worker) with the compiler it runs; its
         temp directory is swept by the next worker that warms up or closes here
-        (`farm.worker.sweep_orphans`)."""
+        (`ctbuild.farm.worker.sweep_orphans`)."""
         if self.gone:
             return False
         self.gone = True

@@ -1,7 +1,7 @@
 """The farm's workers: start or join Ray, start workers, replace lost ones, stop them all.
 
 Start-up: with an embedded Ray started in the background (`Farm.start_in_background`), a few
-local worker processes (`farm.local_workers`) compile from the first job on while Ray comes up;
+local worker processes (`ctbuild.farm.local_workers`) compile from the first job on while Ray comes up;
 each Ray worker that warms up retires one of them (it finishes what it holds, then leaves; the
 Ray worker waits for it, so no more compiles run at once than there are worker slots). With
 ``local_only`` there is no Ray: one local worker per slot, and a lost one is replaced by a new
@@ -156,7 +156,7 @@ class WorkerPool:
         self.ray.wait(timeout)
 
     def _spec(self) -> dict[str, Any]:
-        """What every worker is set up with (`farm.worker.FarmWorker`)."""
+        """What every worker is set up with (`ctbuild.farm.worker.FarmWorker`)."""
         o = self.options
         return {"compile_fn": self.compile_ref,
                 "setup_fn": callable_ref(o.setup_fn), "setup_args": list(o.setup_args),

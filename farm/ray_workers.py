@@ -1,5 +1,5 @@
 """Workers as Ray actors: one long-lived `FarmWorker` actor per worker slot, behind
-`farm.worker_handle.WorkerHandle`.
+`ctbuild.farm.worker_handle.WorkerHandle`.
 
 Each actor warms up once (``warm``), then runs the batches it is sent one after another
 (``max_concurrency=1``); a batch's records stream back one per job (``num_returns="streaming"``),

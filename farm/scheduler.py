@@ -9,7 +9,7 @@ others idle, sets the finish time. A batch holds about 1/(4 x workers) of the es
 left (guided self-scheduling), so small jobs are batched and the tail stays balanced.
 
 Concurrent builds into one cache do not compile a key twice: a job is handed out only under its
-claim (`farm.claims`); a job claimed by another build waits until that build stores it (then it
+claim (`ctbuild.farm.claims`); a job claimed by another build waits until that build stores it (then it
 counts as cached) or gives the claim up (then this build compiles it).
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The one interface the driver talks to a worker through, wherever the worker runs.
 
-Two implementations: a Ray actor (`farm.ray_workers.RayWorker`) and a process on the driver's
-own machine (`farm.local_workers.LocalWorker`). Both run the same `farm.worker.FarmWorker`
+Two implementations: a Ray actor (`ctbuild.farm.ray_workers.RayWorker`) and a process on the driver's
+own machine (`ctbuild.farm.local_workers.LocalWorker`). Both run the same `ctbuild.farm.worker.FarmWorker`
 and say the same things, as `Event`s: warm (with its info), could not set up, one record per
 job, the end of each batch, and died. How a worker is reached, waited on, stopped and killed
-stays behind this interface; which kind to start and when is the pool's (`farm.pool`).
+stays behind this interface; which kind to start and when is the pool's (`ctbuild.farm.pool`).
 """
 from __future__ import annotations
 

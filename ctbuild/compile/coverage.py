@@ -103,7 +103,7 @@ def refined_buckets(cache_dir: Path | None, kernels: list[TunedKernel]
     warning, as the runtime skips them."""
     if cache_dir is None or not Path(cache_dir).is_dir():
         return {}
-    from cache import Store
+    from ctbuild.cache import Store
     by_fp = {(k.name, k.fingerprint): k for k in kernels}
     out: dict[str, list[dict[str, Any]]] = {}
     try:

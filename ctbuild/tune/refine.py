@@ -22,7 +22,7 @@ from .choice import TieBand
 from .tuner import Device, TuneSettings, record_key, tune_workload
 
 if TYPE_CHECKING:
-    from cache import Store
+    from ctbuild.cache import Store
 
     from ..compile.compile_pool import CompilePool
     from ..declare import TunedKernel

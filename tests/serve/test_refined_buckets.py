@@ -10,9 +10,9 @@ import pytest
 from conftest import RUNTIME_TOOLCHAIN
 
 import ctbuild
-from cache import Store
 from ctbuild import Dim, Product, Tensor, runtime
 from ctbuild.bucket_map import MAX_SPLITS, BucketMapError, Split, read_splits, split_for
+from ctbuild.cache import Store
 from ctbuild.keys import record_key_for
 
 GPU = "NVIDIA H100 80GB HBM3"

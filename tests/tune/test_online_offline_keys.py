@@ -131,7 +131,7 @@ def primed(store: Any, tuned: Any) -> dict[Any, str]:
 @pytest.mark.parametrize("name", ["keys_by_name", "keys_by_args"])
 def test_online_and_offline_tuning_record_under_the_key_the_runtime_looks_up(
         name: str, runtime_store: Any, fake_measurement: None, tmp_path: Any) -> None:
-    from cache import Store
+    from ctbuild.cache import Store
     from ctbuild.tune import tuner as tuning
     tuned = {"keys_by_name": keys_by_name, "keys_by_args": keys_by_args}[name]
     device = tuning.Device(0, ARCH, GPU, "580.0")

@@ -28,8 +28,8 @@ KERNEL = "softmax_rows"
 
 def _compiled_cache(path: Path) -> None:
     """Every softmax_rows candidate of the declared buckets for this GPU, compiled in-process."""
-    from cache import Store
     from ctbuild.arch import Arch
+    from ctbuild.cache import Store
     from ctbuild.compile.compile_pool import CompilePool
     from ctbuild.compile.plan import make_plan
     from ctbuild.project import load_project
@@ -52,8 +52,8 @@ def _compiled_cache(path: Path) -> None:
 
 
 def test_a_refined_split_is_served_with_the_sub_buckets_record(tmp_path: Path) -> None:
-    from cache import Store
     from ctbuild import runtime
+    from ctbuild.cache import Store
     from ctbuild.project import load_project
     cache = tmp_path / "cache"
     _compiled_cache(cache)
