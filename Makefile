@@ -11,7 +11,7 @@ VENV16 := .venv16
 STAMP16 := $(VENV16)/.installed
 
 # setup.py and the C sources: the editable install builds the C module into the source tree.
-FAST_PATH := $(addprefix ctbuild/serve/_fast_path,.h .c _layout.c _check.c _table.c _call.c)
+FAST_PATH := $(addprefix ctbuild/serve/_fast_path,.h _layout.h .c _layout.c _check.c _table.c _call.c)
 $(STAMP): pyproject.toml setup.py $(FAST_PATH)
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip

@@ -11,4 +11,5 @@ SOURCES = [f"ctbuild/serve/_fast_path{part}.c" for part in ("", "_layout", "_che
                                                             "_call")]
 
 setup(ext_modules=[Extension("ctbuild.serve._fast_path", SOURCES,
-                             depends=["ctbuild/serve/_fast_path.h"], optional=True)])
+                             depends=[f"ctbuild/serve/_fast_path{h}.h" for h in ("", "_layout")],
+                             optional=True)])

@@ -1,12 +1,12 @@
 /* The hot path in C: a kernel's entries by exact layout, and its call code.
  *
  * One extension module, `ctbuild.serve._fast_path`, from these files (setup.py lists them):
- * - _fast_path_layout.c: an argument's layout read through DLPack (recorded, read again,
- *   compared, hashed): the one place a tensor is read;
+ * - _fast_path_layout.c / _fast_path_layout.h: an argument's layout read through DLPack
+ *   (recorded; read again, compared, hashed: inline, per call): the one place a tensor is read;
  * - _fast_path_check.c: `LayoutCheck`, a call's recorded layout and whether a later call has it;
  * - _fast_path_table.c: `Table`, a kernel's entries (`HotEntry`) by exact layout;
  * - _fast_path_call.c: `HotCall`, the kernel's call code over its table;
- * - _fast_path.h: what they share; this file: the module.
+ * - _fast_path.h: the types they share; this file: the module.
  *
  * Only the DLPack ABI (a published, versioned C struct layout) is assumed, never torch's C++
  * classes, so this builds with a C compiler and Python's headers alone and works with any

@@ -52,7 +52,7 @@ typedef struct {
 /* Most arguments a Table's calls may have (a call's tensors are read onto the stack). */
 #define MAX_ARGS 64
 
-/* ---- One argument's recorded layout (_fast_path_layout.c) ------------------------------- */
+/* ---- One argument's recorded layout (_fast_path_layout.c; read: _fast_path_layout.h) ---- */
 
 /* A tensor's exact type and layout (api != NULL) or a scalar's exact type and value. */
 typedef struct {
@@ -71,16 +71,6 @@ typedef struct {
 FP_INTERNAL int fp_record(Slot *slot, PyObject *obj, int is_tensor);
 /* Drop the references `n` recorded slots hold. */
 FP_INTERNAL void fp_release(Slot *slots, Py_ssize_t n);
-/* Read the tensor `obj` as the tensor slot `slot` reads its own: 1 with `out` filled, 0 where
- * it is not one of the slot's (another type, or DLPack cannot describe it; no error set). */
-FP_INTERNAL int fp_read(const Slot *slot, PyObject *obj, DLTensor *out);
-/* Whether `obj` (a tensor slot: as `fp_read` read it into `read`) has exactly the slot's
- * layout, type and value. */
-FP_INTERNAL int fp_matches(const Slot *slot, PyObject *obj, const DLTensor *read);
-/* The hash of exactly what `fp_matches` compares over the `n` positions of `plan`; 0 where a
- * scalar cannot be hashed (no error set). */
-FP_INTERNAL int fp_hash(const Slot *plan, Py_ssize_t n, PyObject *const *args,
-                        const DLTensor *reads, uint64_t *out);
 
 /* ---- The module's types ------------------------------------------------------------------ */
 
@@ -109,6 +99,10 @@ typedef struct {
     PyObject_HEAD
     LayoutCheck *plan;                /* each position's kind and, for a tensor, its type */
     PyObject *tensors, *scalars;      /* the plan's positions, for each entry's LayoutCheck */
+    /* What a call's read takes of the plan, per position, side by side (borrowed from it):
+     * the exact type of a tensor, and its exchange table (NULL: a scalar). */
+    PyTypeObject *types[MAX_ARGS];
+    const ExchangeAPI *apis[MAX_ARGS];
     const ExchangeAPI *streams;       /* where torch's current stream is read */
     Py_ssize_t count, cap;            /* entries; slots, a power of two */
     HotEntry **slots;

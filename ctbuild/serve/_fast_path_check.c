@@ -5,7 +5,7 @@
  * (_fast_path_layout.c). Called with a later call's arguments it answers True only when every
  * one of them matches. A Table keeps one per entry, and one more as its plan.
  */
-#include "_fast_path.h"
+#include "_fast_path_layout.h"
 
 /* Whether the n arguments `args` have exactly the recorded layout. */
 static int same_layout(const LayoutCheck *self, PyObject *const *args, Py_ssize_t n) {
@@ -14,7 +14,7 @@ static int same_layout(const LayoutCheck *self, PyObject *const *args, Py_ssize_
     for (Py_ssize_t i = 0; i < n; i++) {
         const Slot *slot = &self->slots[i];
         DLTensor read;
-        if (slot->api != NULL && !fp_read(slot, args[i], &read))
+        if (slot->api != NULL && !fp_read(slot->type, slot->api, args[i], &read))
             return 0;
         if (!fp_matches(slot, args[i], &read))
             return 0;

@@ -6,7 +6,7 @@
  * whatever entry served the call before: the entry found last is asked first, then the hash
  * is looked up, so calls whose sizes change cost what a repeated size costs.
  */
-#include "_fast_path.h"
+#include "_fast_path_layout.h"
 
 /* Each tensor of a call read into `reads` under the table's plan; 0 where the call does not
  * fit the plan (number, kind or type of an argument, a tensor DLPack cannot describe): not an
@@ -15,8 +15,7 @@ static int read_call(const Table *t, PyObject *const *args, Py_ssize_t n, DLTens
     if (n != t->plan->n)
         return 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        const Slot *slot = &t->plan->slots[i];
-        if (slot->api != NULL && !fp_read(slot, args[i], &reads[i]))
+        if (t->apis[i] != NULL && !fp_read(t->types[i], t->apis[i], args[i], &reads[i]))
             return 0;
     }
     return 1;
@@ -39,7 +38,7 @@ HotEntry *fp_find(Table *t, PyObject *const *args, Py_ssize_t n) {
         return NULL;
     if (t->last != NULL && matches(t->last, args, reads, n))
         return t->last;
-    if (!fp_hash(t->plan->slots, n, args, reads, &h))
+    if (!fp_hash(t->apis, n, args, reads, &h))
         return NULL;
     size_t mask = (size_t)t->cap - 1;
     for (size_t i = (size_t)(h ^ (h >> 29)) & mask; t->slots[i] != NULL; i = (i + 1) & mask) {
@@ -105,8 +104,12 @@ static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->plan = plan;
     self->tensors = Py_NewRef(tensors);
     self->scalars = Py_NewRef(scalars);
-    for (Py_ssize_t i = 0; i < plan->n && self->streams == NULL; i++)
-        self->streams = plan->slots[i].api;
+    for (Py_ssize_t i = 0; i < plan->n; i++) {
+        self->types[i] = plan->slots[i].type;
+        self->apis[i] = plan->slots[i].api;
+        if (self->streams == NULL)
+            self->streams = self->apis[i];
+    }
     return (PyObject *)self;
 }
 
@@ -128,7 +131,7 @@ static PyObject *table_add(Table *self, PyObject *args) {
     Py_ssize_t n = PyTuple_GET_SIZE(call_args);
     DLTensor reads[MAX_ARGS];
     uint64_t h;
-    if (!read_call(self, items, n, reads) || !fp_hash(self->plan->slots, n, items, reads, &h)) {
+    if (!read_call(self, items, n, reads) || !fp_hash(self->apis, n, items, reads, &h)) {
         PyErr_SetString(PyExc_ValueError, "the arguments do not fit the table's plan");
         return NULL;
     }
