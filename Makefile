@@ -10,15 +10,16 @@ CUTILE_OLDEST := 1.6.0
 VENV16 := .venv16
 STAMP16 := $(VENV16)/.installed
 
-# setup.py and the C source: the editable install builds the C module into the source tree.
-$(STAMP): pyproject.toml setup.py ctbuild/serve/_fast_path.c
+# setup.py and the C sources: the editable install builds the C module into the source tree.
+FAST_PATH := $(addprefix ctbuild/serve/_fast_path,.h _layout.h .c _layout.c _check.c _table.c _call.c)
+$(STAMP): pyproject.toml setup.py $(FAST_PATH)
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0 'cuda-tile[tileiras]==$(CUTILE)' -e '.[test]' \
 		--config-settings editable_mode=compat
 	touch $@
 
-$(STAMP16): pyproject.toml setup.py ctbuild/serve/_fast_path.c
+$(STAMP16): pyproject.toml setup.py $(FAST_PATH)
 	$(PY) -m venv $(VENV16)
 	$(VENV16)/bin/pip install -q --upgrade pip
 	$(VENV16)/bin/pip install -q torch==2.13.0 'cuda-tile[tileiras]==$(CUTILE_OLDEST)' \

@@ -5,5 +5,11 @@ no Python headers are found it is skipped with a warning, and the runtime uses t
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("ctbuild.serve._fast_path", ["ctbuild/serve/_fast_path.c"],
+#: The module's source files, one concern each (`ctbuild/serve/_fast_path.c` lists them); the
+#: Makefile's install stamp depends on the same files.
+SOURCES = [f"ctbuild/serve/_fast_path{part}.c" for part in ("", "_layout", "_check", "_table",
+                                                            "_call")]
+
+setup(ext_modules=[Extension("ctbuild.serve._fast_path", SOURCES,
+                             depends=[f"ctbuild/serve/_fast_path{h}.h" for h in ("", "_layout")],
                              optional=True)])

@@ -15,7 +15,7 @@ class Entry:
     layouts in the kernel's table (``slots``: `_fast_path.HotEntry`, each counting the
     launches it made)."""
     __slots__ = ("grid", "kernel", "tail", "hot_tail", "recipe", "rebuild", "device", "zero",
-                 "empty", "calls", "info", "slots")
+                 "empty", "calls", "info", "slots", "key")
 
     def __init__(self, grid: tuple[int, ...], kernel: ServedKernel, call_args: tuple,
                  kernel_args: tuple, rebuild: Callable[[tuple], tuple], device: int,
@@ -32,6 +32,9 @@ class Entry:
         self.calls = 0
         self.info: dict[str, Any] = {}
         self.slots: list[Any] = []
+        #: Its hot-path key, once the memo holds it (the Python form compares a call's key
+        #: with the last entry's).
+        self.key: tuple | None = None
 
     def launches(self) -> int:
         """Launches of this entry: counted in Python, and by each of its table slots (a slot

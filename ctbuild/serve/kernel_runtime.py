@@ -158,12 +158,12 @@ class KernelRuntime:
         return stream is None and refuses_stream(exc) and self._use_stream_objects()
 
     def _use_stream_objects(self) -> bool:
-        """Launch on torch stream objects from now on (the C form is made again with them).
-        False when it already did (nothing changes)."""
+        """Launch on torch stream objects from now on (the hot path's form, which holds the
+        getter, is made again). False when it already did (nothing changes)."""
         if self._stream_of is current_stream_object:
             return False
         self._stream_of = current_stream_object
-        if self._table is not None:
+        if self._key is not _no_key:  # a form serves the calls (else the slow path does)
             self._route(self._forms())
         return True
 
@@ -230,6 +230,7 @@ class KernelRuntime:
         if key is not None:
             if len(self._fast) >= MAX_FAST_ENTRIES:
                 self._retire()
+            entry.key = key
             self._fast[key] = entry
             self._add_layout(entry, args)
         self._entries.append(entry)
@@ -243,6 +244,8 @@ class KernelRuntime:
         self._fast = {}
         if self._table is not None:
             self._table.clear()
+        elif self._key is not _no_key:  # the Python form: it must not serve its last entry
+            self._route(self._forms())
 
     def _forms(self) -> tuple[Callable[..., None], Callable[..., None]]:
         """The hot path's form for the current keys: C over the table where there is one."""
