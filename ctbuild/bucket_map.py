@@ -43,10 +43,14 @@ class Split:
     def sizes(self) -> dict[str, int]:
         return dict(self.point)
 
-    def sub_bucket(self, bucket: Bucket) -> Bucket:
-        """The sub-bucket as a `Bucket` of the same declaration (its representative is the
-        split point, where it is tuned)."""
-        return Bucket(bucket.declared, self.point)
+    def sub_bucket(self, bucket: Bucket, below: Split | None = None) -> Bucket:
+        """The sub-bucket as a `Bucket` of the same declaration: its representative is the
+        split point, where it is tuned; its smallest sizes are the bucket's, or one above the
+        split ``below`` it (where its regret is timed)."""
+        low = bucket.lower_bounds()
+        if below is not None:
+            low = {n: min(v, below.sizes[n] + 1) for n, v in self.point}
+        return Bucket(bucket.declared, self.point, tuple((n, low[n]) for n, _ in self.point))
 
     def holds(self, sizes: Mapping[str, int]) -> bool:
         return all(sizes[n] <= v for n, v in self.point)

@@ -134,9 +134,12 @@ def concretize(w: Mapping[str, Any], sizes: Mapping[str, int]) -> Workload:
 
 @dataclass(frozen=True)
 class Bucket:
-    """One tuning bucket of a declared dynamic workload: the representative sizes per Dim."""
+    """One tuning bucket of a declared dynamic workload: the representative sizes per Dim
+    (``floor``: the smallest sizes it holds, where they are not the declared bound below plus
+    one: a sub-bucket of a refined bucket)."""
     declared: Workload
     sizes: tuple[tuple[str, int], ...]
+    floor: tuple[tuple[str, int], ...] | None = None
 
     @property
     def representative(self) -> Workload:
@@ -144,7 +147,9 @@ class Bucket:
 
     def lower_bounds(self) -> dict[str, int]:
         """Per Dim, the smallest size that falls in this bucket (the bound below plus one, or
-        the Dim's ``lo``)."""
+        the Dim's ``lo``; the ``floor`` where it has one)."""
+        if self.floor is not None:
+            return dict(self.floor)
         dims = dims_of(self.declared)
         out = {}
         for name, top in self.sizes:

@@ -71,8 +71,8 @@ def refine_bucket(entry: Entry, summary: dict[str, Any], store: Store, opts: Tun
     points, left_out = split_points(record, bucket, band, opts.refine)
     outcomes = [tune_split(entry.kernel, bucket, sp, store, opts, device=device, fp=fp,
                            pool=pool, exclude=exclude, on_candidate=on_candidate,
-                           **workload_kwargs)
-                for sp in points]
+                           below=points[i - 1] if i else None, **workload_kwargs)
+                for i, sp in enumerate(points)]
     done = [sp for sp, out in zip(points, outcomes) if out["status"] in ("tuned", "kept")]
     if record.refined != (refined := refined_json(done, opts.refine)):
         record.refined = refined
@@ -99,10 +99,12 @@ def tune_split(kernel: TunedKernel, bucket: Bucket, split: Split, store: Store,
                opts: TuneOptions, *, device: Device, fp: str, pool: CompilePool | None,
                exclude: Mapping[str, str] | None = None,
                on_candidate: Callable[[Any], None] | None = None,
-               **workload_kwargs: Any) -> dict[str, Any]:
-    """Tune one sub-bucket at its split point (kept when already tuned, unless ``--retune``):
-    its outcome, with what was missing."""
-    spec = split.sub_bucket(bucket).representative
+               below: Split | None = None, **workload_kwargs: Any) -> dict[str, Any]:
+    """Tune one sub-bucket at its split point (kept when already tuned, unless ``--retune``),
+    with the regret of its winner timed inside it (from the split ``below`` it, or the
+    bucket's lower bound, up to the point): its outcome, with what was missing."""
+    sub = split.sub_bucket(bucket, below)
+    spec = sub.representative
     key = record_key(kernel, spec, device, fp)
     out: dict[str, Any] = {"sizes": split.sizes, "regret_pct": split.regret_pct,
                            "record_key": key}
@@ -119,7 +121,7 @@ def tune_split(kernel: TunedKernel, bucket: Bucket, split: Split, store: Store,
     rec = tune_workload(kernel, spec, store=store, toolchain_fp=fp, device=device, cap=opts.cap,
                         timeout_s=opts.timeout_s, exclude=exclude, pool=pool,
                         on_candidate=on_candidate,
-                        settings=TuneSettings(band=TieBand(opts.tie_band), regret=False),
+                        settings=TuneSettings(band=TieBand(opts.tie_band)), bucket=sub,
                         **workload_kwargs)
     missing = sum(str(f.get("error", "")).startswith("missing") for f in rec.failures)
     hint = f"{missing} candidate(s) have no CUBIN: pass --compile-missing or run ctbuild " \

@@ -38,6 +38,7 @@ from ..compile.compile_pool import CompilePool
 from ..compile.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
 from ..device_table import cuda_device, nominal_device
+from ..dims import Bucket
 from ..keys import kernel_record_key
 from ..records import TuningRecord
 from ..space import Config
@@ -211,12 +212,12 @@ def decide(bench: Bench, screened: Sequence[Timing], plan: CandidatePlan, band: 
 # ---- step 5: regret inside a Dim bucket ----------------------------------------------------
 def regret_of(tuned: TunedKernel, plan: CandidatePlan, decision: Decision,
               screened: Sequence[Timing],
-              timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand
-              ) -> dict[str, Any] | None:
+              timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand,
+              bucket: Bucket | None = None) -> dict[str, Any] | None:
     """The winner's regret inside its `Dim` bucket (None for a static workload). Its rivals
     are the runoff's finalists, then the screening's next fastest: a winner far ahead at the
     bucket's top may still lose at its bottom, which is what the regret is there to find."""
-    bucket = tuned.buckets.get(plan.spec)
+    bucket = bucket or tuned.buckets.get(plan.spec)
     if bucket is None:
         return None
     winner = decision.choice.winner.config
@@ -225,7 +226,8 @@ def regret_of(tuned: TunedKernel, plan: CandidatePlan, decision: Decision,
     ranked += [t for t in sorted(screened, key=lambda t: t.mean_us) if t.config not in seen]
     regrets, problems = bucket_regret(bucket, winner, [t.config for t in ranked], timer_for,
                                       band)
-    return {"bucket": bucket.to_json(), **summary(regrets, problems)}
+    return {"bucket": bucket.to_json(), "lower": bucket.lower_bounds(),
+            **summary(regrets, problems)}
 
 
 # ---- launching ------------------------------------------------------------------------------
@@ -286,7 +288,8 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
                   on_candidate: Callable[[Config], None] | None = None,
                   stream: Any = None, input_device: Any = None,
                   served: Callable[[Config], ServedKernel] | None = None,
-                  settings: TuneSettings | None = None) -> TuningRecord:
+                  settings: TuneSettings | None = None,
+                  bucket: Bucket | None = None) -> TuningRecord:
     """Tune one kernel x workload on this GPU from cached CUBINs; return (and store) the record.
 
     Args:
@@ -311,6 +314,8 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
             ``store``). The runtime passes its own, which JIT-compiles a missing CUBIN under its
             miss policy; then no candidate is reported missing. ``store`` may then be None.
         settings: the tie band, runoff budget and regret switch (default: `TuneSettings()`).
+        bucket: the `Dim` bucket whose regret to time (default: the declared one ``w`` is the
+            representative of; a refined sub-bucket is not declared, so its tuning passes it).
 
     Returns the record; its ``config`` is None when no candidate could be measured, and such a
     record is not written.
@@ -350,7 +355,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
             if settings.regret and not real:
                 t = time.perf_counter()
                 regret = regret_of(tuned, plan, decision, screened,
-                                   lambda cw: benches.on_spec(cw).sample, settings.band)
+                                   lambda cw: benches.on_spec(cw).sample, settings.band, bucket)
                 phases["regret"] = time.perf_counter() - t
             bench.launch_once(decision.choice.winner.config)
         measure_s = time.perf_counter() - t_measure
