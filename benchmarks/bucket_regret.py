@@ -56,19 +56,21 @@ def _ident(row: dict[str, Any], sizes: Any) -> tuple:
     return row["kernel"], row["gpu"], json.dumps(sizes, sort_keys=True)
 
 
-def as_served(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[float]]:
-    """(the declared buckets' rows, the regret at every interior size as served after
+def as_served(rows: list[dict[str, Any]]
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[float]]:
+    """(the declared buckets' rows, the sub-buckets' rows, the regret at every interior size as
+    served after
     ``ctbuild tune --refine``): a size a split point holds is served by that sub-bucket's own
     winner, whose record times its regret inside the sub-bucket; the others by the bucket's."""
     subs = {_ident(r, sp) for r in rows for sp in r["splits"]}
     declared = [r for r in rows if _ident(r, r["bucket"]) not in subs]
-    served = [s["regret_pct"] for r in rows if _ident(r, r["bucket"]) in subs
-              for s in r["sizes"]]
+    sub_rows = [r for r in rows if _ident(r, r["bucket"]) in subs]
+    served = [s["regret_pct"] for r in sub_rows for s in r["sizes"]]
     for r in declared:
         served += [s["regret_pct"] for s in r["sizes"]
                    if not any(all(s["sizes"][n] <= v for n, v in sp.items())
                               for sp in r["splits"])]
-    return declared, served
+    return declared, sub_rows, served
 
 
 def main() -> int:
@@ -82,7 +84,7 @@ def main() -> int:
         print(f"no tuning record in {args.cache} holds a bucket regret: tune a project with "
               "Dim workloads first (ctbuild tune)", file=sys.stderr)
         return 2
-    rows, served = as_served(rows)
+    rows, sub_rows, served = as_served(rows)
     every = [s["regret_pct"] for r in rows for s in r["sizes"]]
     above = [r for r in rows if (r["max_pct"] or 0) > args.threshold and not r["splits"]]
     for r in rows:
@@ -93,6 +95,10 @@ def main() -> int:
     print(f"GPU: {rows[0]['gpu']}; {len(rows)} buckets, {len(every)} interior sizes; regret "
           f"p50 {percentile(every, 50):.2f}%, p95 {percentile(every, 95):.2f}%, "
           f"max {max(every, default=0.0):.2f}%")
+    for r in sub_rows:
+        cells = "  ".join(f"{json.dumps(s['sizes'])} {s['regret_pct']:+.2f}%" for s in r["sizes"])
+        print(f"{r['kernel']:<18} sub-bucket up to {json.dumps(r['bucket'])}: "
+              f"{cells or 'no interior size'}")
     refined = [r for r in rows if r["splits"]]
     if refined:
         print(f"as served after --refine ({len(refined)} buckets split into "
