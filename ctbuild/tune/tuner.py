@@ -280,6 +280,43 @@ class TuneSettings:
     regret: bool = True
 
 
+@dataclass
+class Measured:
+    """What measuring one key gave: the screening, the decision, the regret, their times."""
+    screened: list[Timing]
+    failed: list[dict[str, Any]]
+    error: str | None
+    decision: Decision | None = None
+    regret: dict[str, Any] | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def measure(tuned: TunedKernel, plan: CandidatePlan, bench: Bench, benches: Benches,
+            order: Callable[[], Iterator[Config]], n_measure: int, timeout_s: float | None,
+            settings: TuneSettings, bucket: Bucket | None, *, regret: bool) -> Measured:
+    """Steps 3-5 on the GPU: screen, run the finalists off and decide, time the regret; then
+    launch the winner once (an in-place kernel's inputs are left as after its launch)."""
+    started = time.perf_counter()
+    screened, failed, error = bench.screen(n_measure, order, timeout_s) if n_measure else \
+        ([], [], None)
+    m = Measured(screened, failed, error, phases={"screen": time.perf_counter() - started})
+    if screened:
+        t = time.perf_counter()
+        m.decision, runoff_failed = decide(bench, screened, plan, settings.band,
+                                           settings.budget)
+        m.phases["runoff"] = time.perf_counter() - t
+        m.failed += runoff_failed
+        if regret:
+            t = time.perf_counter()
+            m.regret = regret_of(tuned, plan, m.decision, screened,
+                                 lambda cw: benches.on_spec(cw).sample, settings.band, bucket)
+            m.phases["regret"] = time.perf_counter() - t
+        bench.launch_once(m.decision.choice.winner.config)
+    m.seconds = time.perf_counter() - started
+    return m
+
+
 def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | None,
                   toolchain_fp: str | None = None, device: Device | None = None,
                   cap: int = DEFAULT_CAP, timeout_s: float | None = 10.0,
@@ -340,29 +377,15 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     counter = CompileCounter()
     with (torch.cuda.device(device.index) if benches.on_gpu else contextlib.nullcontext()), \
             counter.active():
-        t_measure = time.perf_counter()
-        screened, failed, error = bench.screen(n_measure, order, timeout_s) if n_measure else \
-            ([], [], None)
-        decision = None
-        regret = None
-        phases: dict[str, float] = {"screen": time.perf_counter() - t_measure}
-        if screened:
-            t = time.perf_counter()
-            decision, runoff_failed = decide(bench, screened, plan, settings.band,
-                                             settings.budget)
-            phases["runoff"] = time.perf_counter() - t
-            failed += runoff_failed
-            if settings.regret and not real:
-                t = time.perf_counter()
-                regret = regret_of(tuned, plan, decision, screened,
-                                   lambda cw: benches.on_spec(cw).sample, settings.band, bucket)
-                phases["regret"] = time.perf_counter() - t
-            bench.launch_once(decision.choice.winner.config)
-        measure_s = time.perf_counter() - t_measure
-    plan.failures += failed + _compile_failures(plan, pool) + _all_failed(plan, error, pool)
-    record = _record(tuned, plan, device, fp, screened, decision, regret, settings, real,
+        m = measure(tuned, plan, bench, benches, order, n_measure, timeout_s, settings,
+                    bucket if not real else None, regret=settings.regret and not real)
+    plan.failures += m.failed + _compile_failures(plan, pool) + \
+        _all_failed(plan, m.error, pool)
+    decision = m.decision
+    record = _record(tuned, plan, device, fp, m.screened, decision, m.regret, settings, real,
                      compiled=_compiled(plan, pool), compiles=counter.total,
-                     measure_s=measure_s, seconds=time.perf_counter() - started, phases=phases)
+                     measure_s=m.seconds, seconds=time.perf_counter() - started,
+                     phases=m.phases)
     if write and decision is not None and store is not None:
         store.put_tuning(record_key(tuned, spec, device, fp), record.to_json())
     return record
