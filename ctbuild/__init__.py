@@ -35,7 +35,12 @@ def _import_serve() -> None:
     """The serve phase's modules, imported at the first kernel declaration (the user's module
     import), not at ``import ctbuild`` (a CLI command that declares nothing never pays) nor at
     a kernel's first call (which should cost only the CUBIN's load and launch). The cold-start
-    ledger times it."""
+    ledger times it. Only where torch is already imported, as in a process that serves: a
+    compile worker or a CLI command that imports the user's kernels never imports torch (its
+    import takes seconds), and there the first call imports what it needs."""
+    import sys
+    if "torch" not in sys.modules:
+        return
     started = _time.perf_counter()
     from . import toolchain  # noqa: F401 - the runtime's context reads the cache's profiles
     from .serve.kernel_runtime import KernelRuntime  # noqa: F401

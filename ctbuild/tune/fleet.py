@@ -18,6 +18,7 @@ import json
 import math
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -140,7 +141,10 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
     order, fleet report)."""
     shares = split(entries, len(run.gpus), lambda e: estimated_work(e, device.arch,
                                                                     run.opts.cap))
-    results = {s["entry"]: s for lane in run.each_lane(shares, emit=emit) for s in lane}
+    start = time.perf_counter()
+    screened = run.each_lane(shares, emit=emit)
+    screen_wall = time.perf_counter() - start
+    results = {s["entry"]: s for lane in screened for s in lane}
     retry = [e for e in entries if e.index in results and lost(results[e.index])]
     moved = []
     if retry and len(run.gpus) > 1:
@@ -152,10 +156,23 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
                 results[s["entry"]] = {**s, "note": (s.get("note", "") + " (moved to another "
                                                      "GPU after its process died)").strip()}
                 moved.append(s["entry"])
-    report: dict[str, Any] = {"gpus": run.gpus, "moved": moved, "slow_gpus": []}
+    report: dict[str, Any] = {"gpus": run.gpus, "moved": moved, "slow_gpus": [],
+                              "screen_wall_s": round(screen_wall, 3),
+                              "lanes": [lane_summary(g, lane) for g, lane in zip(run.gpus,
+                                                                                 screened)]}
     if len(run.gpus) > 1:
+        start = time.perf_counter()
         report["slow_gpus"] = finals(run, entries, results, store, device, fp)
+        report["finals_wall_s"] = round(time.perf_counter() - start, 3)
     return [results[e.index] for e in entries if e.index in results], report
+
+
+def lane_summary(gpu: int, lane: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One lane's share of the screening: its entries and the seconds its records spent
+    screening (the part that more GPUs divide; each lane's process start-up is not in it)."""
+    screen = sum(((s.get("record") or {}).get("phase_seconds") or {}).get("screen", 0.0)
+                 for s in lane)
+    return {"gpu": gpu, "entries": len(lane), "screen_s": round(screen, 3)}
 
 
 def finals(run: FleetRun, entries: Sequence[Entry], results: dict[int, dict[str, Any]],

@@ -289,6 +289,9 @@ def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
 def _child(spec_path: str) -> int:
     """The supervised tuning process (``python -m ctbuild.tune.session SPEC``)."""
     spec = json.loads(Path(spec_path).read_text())
+    if spec["mode"] == "tune" and spec["opts"].get("timeout_s") is not None:
+        from .. import cutile
+        cutile.start_timed_benchmark_worker()
     from ctbuild.cache import Store
 
     from ..project import load_project
