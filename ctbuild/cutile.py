@@ -294,6 +294,40 @@ class ServingKernel(ct.kernel):
         return cubin, symbol, tuple(lifecycle)
 
 
+class _Walked(Exception):
+    """Raised by `_WalkingKernel._compile`: the launch path was walked, nothing launched."""
+
+
+class _WalkingKernel(ct.kernel):
+    """A kernel whose compile step stops its launch: `walk_launch_path` uses it."""
+
+    def _compile(self, signature: Any, context: Any,
+                 compute_capability: tuple[int, int] | None = None) -> tuple:
+        signature.with_mangled_symbol(self._pyfunc.__name__)
+        raise _Walked
+
+
+def _walked_body(x: Any) -> None:
+    """The body of the kernel whose launch `walk_launch_path` walks: never compiled."""
+
+
+def walk_launch_path(stream: Any, array: Any) -> bool:
+    """Walk cuTile's launch path once, launching nothing; whether it got to the compile step.
+
+    A process's first ``ct.launch`` initialises cuTile's dispatcher (its driver entry points,
+    the device's facts) and its first mangled symbol compiles the name mangler's patterns:
+    about 3 ms on the host that a first served call would otherwise pay. A launch of a kernel
+    whose ``_compile`` raises does both and stops before any module is loaded or launched.
+    `ctbuild.serve.preload` calls it on its thread."""
+    try:
+        ct.launch(stream, (1, 1, 1), _WalkingKernel(_walked_body), (array,))
+    except _Walked:
+        return True
+    except Exception:  # noqa: BLE001 - an optimisation: the first call walks it then
+        return False
+    return False
+
+
 # ---- timing one launch ------------------------------------------------------------------------
 def benchmark_sample(stream: Any, grid: tuple[int, ...], kernel: Any, args: tuple,
                      flush_l2: bool = True) -> float:

@@ -8,7 +8,10 @@ record and its winner's verified CUBIN in memory (`cache_reader.CacheReader`), a
 record's workload of the kernels already declared, which leaves their winners, served kernels
 and CUBIN covers remembered. A preloaded kernel's first call then reads nothing from disk; what
 stays in it is its own resolution from memory and, in cuTile's launch, the driver's module load
-(``cuModuleLoadData``, about 0.1 ms per CUBIN): cuTile loads modules in its dispatcher.
+(``cuModuleLoadData``, about 0.1 ms per CUBIN): cuTile loads modules in its dispatcher. It also
+walks cuTile's launch path once without launching (`ctbuild.cutile.walk_launch_path`): the
+dispatcher's own first-launch set-up and the symbol mangler's first use, about 3 ms that the
+first served call would otherwise pay.
 
 Bounded: at most `MAX_RECORDS` records and `MAX_BYTES` of CUBINs are held (a held CUBIN is
 dropped once served). With 10,000 records for one GPU, reading and checking them takes a few
@@ -36,7 +39,8 @@ MAX_BYTES = 512 << 20
 class Preload:
     """A preload in progress or done: `wait` returns its report (a dict: ``records``,
     ``cubins``, ``bytes``, ``resolved``, ``left``, ``missing``, ``seconds``, ``gpu``,
-    ``arch``, and ``error`` where it could not run)."""
+    ``arch``, ``launch_path`` (whether cuTile's launch path was readied), and ``error`` where
+    it could not run)."""
 
     def __init__(self) -> None:
         self.report: dict[str, Any] = {}
@@ -81,7 +85,8 @@ def _load(names: set[str] | None) -> dict[str, Any]:
     ctx = context()
     arch, gpu = ctx.device_info(torch.cuda.current_device())
     report: dict[str, Any] = {"arch": arch, "gpu": gpu, "records": 0, "cubins": 0, "bytes": 0,
-                              "resolved": 0, "left": 0, "missing": 0}
+                              "resolved": 0, "left": 0, "missing": 0,
+                              "launch_path": _walk_launch_path()}
     reader = ctx.store
     if not isinstance(reader, CacheReader) or ctx.toolchain_fp is None:
         report["error"] = "no cache to read ahead from (missing, written through a store " \
@@ -106,6 +111,22 @@ def _load(names: set[str] | None) -> dict[str, Any]:
         report["bytes"] += len(hit.cubin)
         report["resolved"] += _resolve(kernel, record, arch, gpu)
     return report
+
+
+def _walk_launch_path() -> bool:
+    """Ready cuTile's launch path on this thread's current device and stream, launching
+    nothing (`ctbuild.cutile.walk_launch_path`); False where it could not (no GPU)."""
+    try:
+        import torch
+
+        from .. import cutile
+        from .streams import current_stream_object
+        device = torch.cuda.current_device()
+        return cutile.walk_launch_path(current_stream_object(device),
+                                       torch.empty(1, device=f"cuda:{device}"))
+    except Exception as exc:  # noqa: BLE001 - the first call readies it then
+        log.debug("ctbuild: preload: cuTile's launch path not readied: %s", exc)
+        return False
 
 
 def _resolve(kernel: str, record: dict[str, Any], arch: str, gpu: str) -> int:
