@@ -329,33 +329,20 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
                   bucket: Bucket | None = None) -> TuningRecord:
     """Tune one kernel x workload on this GPU from cached CUBINs; return (and store) the record.
 
-    Args:
-        tuned: the declared kernel.
-        w: its call arguments by name: specs (``Tensor``/``Scalar``; random inputs, or the
-            kernel's ``inputs`` hook) or real CUDA tensors (online tuning; left as after one
-            launch of the winner).
-        store: a ``ctbuild.cache.Store``; CUBINs are read from it, the record written to it.
-        toolchain_fp: the toolchain the CUBINs were built with (default: `toolchain_for`).
-        device: the GPU (default: torch's current device).
-        cap: the project's candidate cap.
-        timeout_s: per-launch timeout of the first launch of each candidate (run in cuTile's
-            benchmark subprocess, which also contains faults); None: no subprocess.
-        configs: measure these configs instead of ``tuned.candidates(...).kept``.
-        exclude: {json config: reason} recorded as failures without launching them.
-        pool: compile absent CUBINs here (pipelined); without it they are reported missing.
-        write: put the record in the store.
-        on_candidate: called with each config before its first launch (progress/supervision).
-        stream, input_device: where to launch and allocate (default: the device's current
-            torch stream, ``cuda:<index>``).
-        served: the kernel object to launch per config (default: a `ServedKernel` reading
-            ``store``). The runtime passes its own, which JIT-compiles a missing CUBIN under its
-            miss policy; then no candidate is reported missing. ``store`` may then be None.
-        settings: the tie band, runoff budget and regret switch (default: `TuneSettings()`).
-        bucket: the `Dim` bucket whose regret to time (default: the declared one ``w`` is the
-            representative of; a refined sub-bucket is not declared, so its tuning passes it).
-
-    Returns the record; its ``config`` is None when no candidate could be measured, and such a
-    record is not written.
+    ``w`` holds the call arguments by name: specs (random inputs, or the kernel's ``inputs``
+    hook) or real CUDA tensors (online tuning; left as after one launch of the winner).
+    ``store`` gives the CUBINs and takes the record (``write``); ``toolchain_fp``, ``device``,
+    ``stream`` and ``input_device`` default to the store's toolchain and torch's current GPU
+    and stream. ``timeout_s`` bounds each candidate's first launch (in cuTile's benchmark
+    subprocess, which also contains faults; None: no subprocess). ``configs`` replaces the
+    pruned space; ``exclude`` ({json config: reason}) records failures without launching.
+    ``pool`` compiles absent CUBINs, pipelined (without it they are reported missing).
+    ``on_candidate`` is called before each config's first launch (supervision). ``served``
+    gives the kernel object per config (the runtime's JIT-compiles a miss under its policy;
+    ``store`` may then be None). ``settings``: tie band, runoff budget, regret switch.
+    ``bucket``: the `Dim` bucket whose regret to time (default: the declared one ``w``
+    represents; a refined sub-bucket's tuning passes its own). A record whose ``config`` is
+    None (no candidate could be measured) is returned, not written.
     """
     import torch
 
