@@ -1,15 +1,15 @@
 """A warm first call against the floor: ms from a call to its synchronized result, in fresh
 processes with byte-compiled sources.
 
-    python benchmarks/first_call.py --cache DIR [--repeat 3] [--json PATH]
+    python benchmarks/first_call.py --cache DIR [--repeat 3] [--kernel NAME ...] [--json PATH]
 
 DIR is a tuned cache of the example kernels for this GPU (``benchmarks/warm_start.py --cache
 DIR`` builds one). The sources are byte-compiled first (``python -m compileall``), as an
 installed package has them. Then, per example kernel, each figure is the median over
 ``--repeat`` fresh processes (``CTBUILD_MODE=strict``; the CUDA context, the inputs and their
 torch reference are made before the clock starts, and a torch kernel has run, as in a server
-that has loaded its model: a context's very first kernel launch costs a few ms of its own; ``import cuda.tile`` and then
-``import ctbuild`` are timed on their own):
+that has loaded its model: a context's very first kernel launch costs a few ms of its own;
+``import cuda.tile`` and then ``import ctbuild`` are timed on their own):
 
   first      the first call of the first served kernel of the process
   later      its first call after another kernel's (a later new CUBIN: the runtime is warm)
@@ -189,11 +189,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json")
     parser.add_argument("--child", choices=SCENARIOS, help=argparse.SUPPRESS)
-    parser.add_argument("--kernel", help=argparse.SUPPRESS)
+    parser.add_argument("--kernel", action="append",
+                        help="only this example kernel (repeatable; default: every example)")
     args = parser.parse_args()
     if args.child:
         try:
-            result = child(args.child, args.kernel)
+            result = child(args.child, args.kernel[0])
         except Exception as exc:  # noqa: BLE001 - reported as this figure's error
             result = {"ms": None, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(result))
@@ -211,7 +212,7 @@ def main() -> int:
           f"{args.repeat} fresh byte-compiled processes (x: ratio to the floor)")
     print(f"{'kernel':14}" + "".join(f"{s:>17}" for s in SCENARIOS) + f"{'import':>9}"
           f"{'cuda.tile':>10}")
-    for name in ex.NAMES:
+    for name in args.kernel or ex.NAMES:
         runs = {s: [measure(args.cache, name, s) for _ in range(args.repeat)] for s in SCENARIOS}
         row: dict[str, Any] = {}
         for s, results in runs.items():
