@@ -21,7 +21,7 @@ import sys
 import threading
 import traceback
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .user_code import user_frame
@@ -89,10 +89,24 @@ def handle_signals() -> dict[int, Any]:
     return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line, as every other error of the CLI is: what is
+    wrong and where the command's options are explained (the full usage block buried the
+    error under it). Subcommand parsers are of this class too (argparse makes them so)."""
+
+    #: whose ``--help`` the error points to (the chosen subcommand's: the top-level parser
+    #: reports options it does not know)
+    help_prog: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} "
+                     f"(see '{self.help_prog or self.prog} --help')\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, just that subcommand's module is imported (the others are
     listed with their summaries), else every subcommand is built (for docs/gen_cli.py)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ctbuild", description="Precompile and autotune cuTile kernels at build time.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ctbuild {__version__}")
@@ -104,6 +118,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             importlib.import_module(f"ctbuild.commands.{name}").add_parser(sub, name, summary)
         else:
             sub.add_parser(name, help=summary, description=summary)
+    if only is not None:
+        parser.help_prog = f"ctbuild {only}"
     return parser
 
 
