@@ -160,18 +160,46 @@ def _unwrap(func: Any) -> Any:
     return func
 
 
-class _Normalize(ast.NodeTransformer):
-    """Drop what cannot change compiled code: decorators and docstrings."""
+def _nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` in `ast.walk`'s order (breadth first, fields and list items in
+    order; parents before their children), without its generator per node: `ast.walk` was
+    most of a fingerprint's time, and the fingerprint runs at a kernel's first call."""
+    out = [tree]
+    i = 0
+    while i < len(out):
+        node = out[i]
+        i += 1
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, ast.AST):
+                out.append(value)
+            elif isinstance(value, list):
+                out.extend(v for v in value if isinstance(v, ast.AST))
+    return out
 
-    def _strip(self, node: Any) -> Any:
-        node.decorator_list = []
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-        return self.generic_visit(node)
 
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _strip
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _normalize(tree: ast.AST) -> ast.AST:
+    """Drop what cannot change compiled code: decorators and docstrings (in place; a node's
+    children are listed after it is stripped, so a dropped docstring is never visited)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, _DEFS):
+            node.decorator_list = []
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and \
+                    isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, ast.AST):
+                todo.append(value)
+            elif isinstance(value, list):
+                todo.extend(v for v in value if isinstance(v, ast.AST))
+    return tree
 
 
 def _last_code_line(code: types.CodeType) -> int:
@@ -230,7 +258,7 @@ def _code_tree(func: types.FunctionType) -> ast.AST:
             tree = ast.parse(source)
         except SyntaxError:  # a lambda in the middle of an expression: keep its own text
             tree = ast.parse(f"({source.strip().rstrip(',')})")
-    return _Normalize().visit(tree)
+    return _normalize(tree)
 
 
 def _reads(tree: ast.AST) -> list[list[str]]:
@@ -238,7 +266,7 @@ def _reads(tree: ast.AST) -> list[list[str]]:
     chain only: ``C.F`` reads ``C.F``, not all of ``C``)."""
     refs = []
     inner: set[int] = set()  # attribute nodes and names inside a longer chain
-    for node in ast.walk(tree):  # parents come before their children
+    for node in _nodes(tree):  # parents come before their children
         if id(node) in inner:
             continue
         chain: list[str] = []
