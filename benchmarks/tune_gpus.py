@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ for p in (str(ROOT), str(ROOT / "benchmarks")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from tune_reproducibility import DEFAULT_CONFIGS, precompile_all, records  # noqa: E402
+from tune_reproducibility import DEFAULT_CONFIGS, precompile_all, records, tune  # noqa: E402
 
 
 def visible_gpus() -> int:
@@ -45,23 +44,12 @@ def visible_gpus() -> int:
     return int(r.stdout.strip())
 
 
-def tune(config: Path, cache: Path, gpus: str) -> tuple[float, dict[str, Any]]:
-    start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "ctbuild", "tune", "--config", str(config),
-                        "--cache", str(cache), "--json", "--gpus", gpus],
-                       capture_output=True, text=True, cwd=ROOT)
-    seconds = time.perf_counter() - start
-    if r.returncode not in (0, 1):
-        sys.exit(f"tune --gpus {gpus} failed ({r.returncode}): {r.stderr[-2000:]}")
-    return seconds, json.loads(r.stdout)
-
-
 def run_all(configs: list[Path], cache: Path, gpus: str) -> dict[str, Any]:
     """Every project tuned on ``gpus``: wall seconds, screening wall, finals wall, lanes."""
     out: dict[str, Any] = {"wall_s": 0.0, "screen_wall_s": 0.0, "finals_wall_s": 0.0,
                            "lanes": {}, "gpu": ""}
     for config in configs:
-        seconds, result = tune(config, cache, gpus)
+        seconds, result = tune(config, cache, "--gpus", gpus)
         fleet = result.get("fleet") or {}
         out["wall_s"] += seconds
         out["gpu"] = result["gpu"]

@@ -53,14 +53,15 @@ def precompile_all(cache: Path, configs: list[Path], arch: str) -> None:
         precompile(store, project.kernels(), arch=arch)
 
 
-def tune(config: Path, cache: Path, band: str) -> tuple[float, dict[str, Any]]:
+def tune(config: Path, cache: Path, *flags: str) -> tuple[float, dict[str, Any]]:
+    """(wall seconds, the --json document) of ``ctbuild tune`` in a fresh process."""
     start = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "ctbuild", "tune", "--config", str(config),
-                        "--cache", str(cache), "--json", "--tie-band", band],
+                        "--cache", str(cache), "--json", *flags],
                        capture_output=True, text=True, cwd=ROOT)
     seconds = time.perf_counter() - start
     if r.returncode not in (0, 1):
-        sys.exit(f"tune failed ({r.returncode}): {r.stderr[-2000:]}")
+        sys.exit(f"tune {' '.join(flags)} failed ({r.returncode}): {r.stderr[-2000:]}")
     return seconds, json.loads(r.stdout)
 
 
@@ -145,7 +146,7 @@ def main() -> int:
     gpu = ""
     for run, cache in (("a", cache_a), ("b", cache_b)):
         for config in configs:
-            seconds, out = tune(config, cache, args.tie_band)
+            seconds, out = tune(config, cache, "--tie-band", args.tie_band)
             times[run] += seconds
             gpu = out["gpu"]
     ra, rb = records(cache_a), records(cache_b)

@@ -160,21 +160,28 @@ def _unwrap(func: Any) -> Any:
     return func
 
 
+def _children(node: ast.AST) -> list[ast.AST]:
+    """A node's child nodes in field order, list items in order (`ast.iter_child_nodes`'s
+    order, without its generator: the walks below were most of a fingerprint's time, and the
+    fingerprint runs at a kernel's first call)."""
+    out: list[ast.AST] = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if isinstance(value, ast.AST):
+            out.append(value)
+        elif isinstance(value, list):
+            out.extend(v for v in value if isinstance(v, ast.AST))
+    return out
+
+
 def _nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of ``tree`` in `ast.walk`'s order (breadth first, fields and list items in
-    order; parents before their children), without its generator per node: `ast.walk` was
-    most of a fingerprint's time, and the fingerprint runs at a kernel's first call."""
+    """Every node of ``tree`` in `ast.walk`'s order (breadth first; parents before their
+    children)."""
     out = [tree]
     i = 0
     while i < len(out):
-        node = out[i]
+        out.extend(_children(out[i]))
         i += 1
-        for name in node._fields:
-            value = getattr(node, name, None)
-            if isinstance(value, ast.AST):
-                out.append(value)
-            elif isinstance(value, list):
-                out.extend(v for v in value if isinstance(v, ast.AST))
     return out
 
 
@@ -193,12 +200,7 @@ def _normalize(tree: ast.AST) -> ast.AST:
             if body and isinstance(body[0], ast.Expr) and \
                     isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
                 node.body = body[1:] or [ast.Pass()]
-        for name in node._fields:
-            value = getattr(node, name, None)
-            if isinstance(value, ast.AST):
-                todo.append(value)
-            elif isinstance(value, list):
-                todo.extend(v for v in value if isinstance(v, ast.AST))
+        todo.extend(_children(node))
     return tree
 
 
