@@ -367,3 +367,14 @@ def test_fleet_moves_the_keys_of_a_dead_measuring_process(tmp_path):
     assert all(s["note"].startswith("tuning process died") and "moved to another GPU" in
                s["note"] for s in out), out
     assert len(seen) == 4 and report["slow_gpus"] == []
+    # each lane's share of the screening is reported (nothing screened: its processes died)
+    assert [(lane["gpu"], lane["entries"], lane["screen_s"]) for lane in report["lanes"]] == \
+        [(0, 1, 0.0), (1, 1, 0.0)] and report["screen_wall_s"] > 0
+
+
+def test_a_lane_summary_adds_its_records_screening_seconds():
+    from ctbuild.tune.fleet import lane_summary
+    lane = [{"record": {"phase_seconds": {"screen": 1.25, "runoff": 9.0}}},
+            {"record": {"phase_seconds": {"screen": 0.5}}},
+            {"record": None, "status": "failed"}, {"status": "skipped"}]
+    assert lane_summary(3, lane) == {"gpu": 3, "entries": 4, "screen_s": 1.75}
