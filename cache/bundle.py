@@ -87,27 +87,9 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
     blob is missing or corrupt, and tuning records whose winner is not exported, are left out and
     listed under ``skipped``."""
     wanted = None if archs is None else set(archs)
-    compile_entries: dict[str, dict[str, Any]] = {}
-    blob_ok: dict[str, bool] = {}
-    skipped = []
-    for key, entry in store.compile_entries():
-        if wanted is not None and entry.get("arch") not in wanted:
-            continue
-        digest = entry["digest"]
-        if digest not in blob_ok:
-            blob_ok[digest] = store.get_blob(digest) is not None
-        if blob_ok[digest]:
-            compile_entries[key] = entry
-        else:
-            skipped.append(key)
-    tuning = {}
-    for key, record in store.tuning_records():
-        if wanted is not None and record["arch"] not in wanted:
-            continue
-        if record["compile_key"] in compile_entries:
-            tuning[key] = record
-        else:  # its winner is not exported: an import would refuse the record
-            skipped.append(key)
+    compile_entries, skipped = _exported_compile_entries(store, wanted)
+    tuning, skipped_tuning = _exported_tuning_records(store, wanted, compile_entries)
+    skipped += skipped_tuning
     documents = {"toolchains.json": store.toolchains(), "compile.json": compile_entries, "tuning.json": tuning}
     digests = sorted({entry["digest"] for entry in compile_entries.values()})
     counts = {"compile_entries": len(compile_entries), "tuning_records": len(tuning),
@@ -141,6 +123,43 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
                              "members": hashes}
                 _add(tar, SIGNATURE, dumps(signature, what="signature").encode())
     return {**counts, "bytes": total, "archs": manifest["archs"], "skipped": skipped, "signed": sign_key is not None}
+
+
+def _exported_compile_entries(store: Store, wanted: set[str] | None
+                              ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The compile entries of the ``wanted`` archs (all: None) whose blob is there and intact,
+    each blob read once, and the keys of those left out: an import would refuse them."""
+    compile_entries: dict[str, dict[str, Any]] = {}
+    blob_ok: dict[str, bool] = {}
+    skipped = []
+    for key, entry in store.compile_entries():
+        if wanted is not None and entry.get("arch") not in wanted:
+            continue
+        digest = entry["digest"]
+        if digest not in blob_ok:
+            blob_ok[digest] = store.get_blob(digest) is not None
+        if blob_ok[digest]:
+            compile_entries[key] = entry
+        else:
+            skipped.append(key)
+    return compile_entries, skipped
+
+
+def _exported_tuning_records(store: Store, wanted: set[str] | None,
+                             compile_entries: dict[str, dict[str, Any]]
+                             ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The tuning records of the ``wanted`` archs (all: None) whose winner is exported, and the
+    keys of those left out."""
+    tuning = {}
+    skipped = []
+    for key, record in store.tuning_records():
+        if wanted is not None and record["arch"] not in wanted:
+            continue
+        if record["compile_key"] in compile_entries:
+            tuning[key] = record
+        else:  # its winner is not exported: an import would refuse the record
+            skipped.append(key)
+    return tuning, skipped
 
 
 def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_key: Key | None = None,

@@ -82,21 +82,38 @@ def parse_archs(text: str) -> list[str]:
     return archs
 
 
+#: Keeps the line breaks of an epilog or description as written.
+_RAW = argparse.RawDescriptionHelpFormatter
+
+
 def add_cache_parser(subparsers: Any, prog: str | None = None) -> None:
     """Add ``cache`` and its subcommands to an argparse subparsers object; ``prog`` names the
     command in usage lines where it is not the parent's prog + ``cache``."""
+    common = _common_options()
+    named = {"prog": prog} if prog else {}
+    cache = subparsers.add_parser("cache", help="inspect and maintain the kernel cache", epilog=EPILOG,
+                                  formatter_class=_RAW, **named,
+                                  description="Inspect and maintain the content-addressed kernel cache "
+                                              "(CUBINs, compile entries, tuning records).")
+    sub = cache.add_subparsers(dest="cache_command", metavar="COMMAND", required=True)
+    _add_inspection_parsers(sub, common)
+    _add_removal_parsers(sub, common)
+    _add_export_parser(sub, common)
+    _add_import_parser(sub, common)
+    oci.add_parsers(sub, common, parse_archs, parse_size, DEFAULT_LIMITS.member_size)
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every subcommand takes (--cache, --json), as a parent parser."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache", dest="cache_dir", metavar="DIR",
                         help="cache directory (default: $CTBUILD_CACHE_DIR, the project config, ./.ctbuild-cache)")
     common.add_argument("--json", action="store_true", help="print the result as JSON")
-    fmt = argparse.RawDescriptionHelpFormatter
+    return common
 
-    named = {"prog": prog} if prog else {}
-    cache = subparsers.add_parser("cache", help="inspect and maintain the kernel cache", epilog=EPILOG,
-                                  formatter_class=fmt, **named,
-                                  description="Inspect and maintain the content-addressed kernel cache "
-                                              "(CUBINs, compile entries, tuning records).")
-    sub = cache.add_subparsers(dest="cache_command", metavar="COMMAND", required=True)
+
+def _add_inspection_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """stats, ls and verify: the commands that look at the cache (only verify --repair changes it)."""
     sub.add_parser("stats", parents=[common], help="counts, bytes and a quick index check",
                    description="Counts of blobs, compile entries, tuning records and toolchains, and blob bytes; "
                                "checks every index with SQLite's quick_check (no CUBIN is read). Exit 1 if an index "
@@ -119,8 +136,11 @@ def add_cache_parser(subparsers: Any, prog: str | None = None) -> None:
                              "quarantine/), remove broken entries and quarantine corrupt blobs, so the next precompile "
                              "rebuilds what was lost; run it while nothing else writes the cache")
 
+
+def _add_removal_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """gc and rm: the commands that drop entries and reclaim space."""
     gc = sub.add_parser("gc", parents=[common], help="drop orphans; evict least-recently-used entries to a size",
-                        epilog="example: ctbuild cache gc --size-limit 2G", formatter_class=fmt,
+                        epilog="example: ctbuild cache gc --size-limit 2G", formatter_class=_RAW,
                         description="Remove blobs no entry uses and files of interrupted writes, then (with a size "
                                     "limit) evict least-recently-used compile entries and their CUBINs until blob "
                                     "bytes fit. Tuned winners are kept unless --evict-tuned.")
@@ -132,15 +152,19 @@ def add_cache_parser(subparsers: Any, prog: str | None = None) -> None:
                     help="keep orphans younger than this: they may belong to a write in progress (default 600)")
 
     rm = sub.add_parser("rm", parents=[common], help="drop one kernel's entries",
-                        epilog="example: ctbuild cache rm matmul --key 3f2a...", formatter_class=fmt,
+                        epilog="example: ctbuild cache rm matmul --key 3f2a...", formatter_class=_RAW,
                         description="Drop the compile entries and tuning records of KERNEL (or just the entry KEY). "
                                     "Their CUBINs are reclaimed by the next `ctbuild cache gc`. Exit 1 if "
                                     "nothing matched.")
     rm.add_argument("kernel", metavar="KERNEL", help="kernel name, as in `ctbuild cache ls`")
     rm.add_argument("--key", help="only this compile or tuning key (full key, see `ctbuild cache ls --json`)")
 
+
+def _add_export_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """export: part or all of the cache written to a bundle, optionally signed."""
     export = sub.add_parser("export", parents=[common], help="write entries and CUBINs to a bundle file",
-                            epilog="example: ctbuild cache export --arch sm_90,sm_100 kernels.tgz", formatter_class=fmt,
+                            epilog="example: ctbuild cache export --arch sm_90,sm_100 kernels.tgz",
+                            formatter_class=_RAW,
                             description="Write compile entries, tuning records, toolchain profiles and the CUBINs they "
                                         "need to a tar bundle (.tar, .tar.gz/.tgz or .tar.xz by suffix).")
     export.add_argument("file", metavar="FILE", type=Path, help="bundle to write (replaced atomically)")
@@ -150,7 +174,10 @@ def add_cache_parser(subparsers: Any, prog: str | None = None) -> None:
                                  "a secret of >= 32 bytes for HMAC-SHA256 (e.g. `head -c 48 /dev/urandom | base64 > "
                                  "KEYFILE`); keep it out of images and logs")
 
-    imp = sub.add_parser("import", parents=[common], help="merge a bundle into the cache", formatter_class=fmt,
+
+def _add_import_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """import: a bundle checked (shape, digests, size limits, optionally its signature), then merged."""
+    imp = sub.add_parser("import", parents=[common], help="merge a bundle into the cache", formatter_class=_RAW,
                          description="Check a bundle, then merge it; importing twice changes nothing.",
                          epilog="What an import checks: safe member paths and types, the format version, JSON shapes, "
                                 "every CUBIN's digest,\nthat every CUBIN is used by an entry and every tuning record's "
@@ -182,7 +209,6 @@ def add_cache_parser(subparsers: Any, prog: str | None = None) -> None:
                      help=f"refuse bundles whose JSON documents together are larger, or hold more than one value "
                           f"per 16 bytes of it (default {limits.json_size // 2**20}M, about 30,000 compile entries; "
                           "an import takes up to about 8 times this in memory)")
-    oci.add_parsers(sub, common, parse_archs, parse_size, limits.member_size)
 
 
 def cache_dir(args: argparse.Namespace) -> tuple[Path, str]:

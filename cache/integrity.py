@@ -47,150 +47,210 @@ if TYPE_CHECKING:
     from .store import Store
 
 
+# A namespace's readable entries: key -> (entry, its JSON text, its index tag).
+_Entries = dict[str, tuple[dict[str, Any], str, str | None]]
+
+
 def verify(store: Store, *, repair: bool) -> dict[str, Any]:
-    ns = store.namespaces
-    problems: list[dict[str, str]] = []
-    checked: dict[str, int] = {}
-    repaired = 0
-    rebuilt: dict[str, dict[str, int]] = {}
+    """Check every namespace, in an order where each step can use what the earlier ones found
+    (a compile entry is judged by its blob's verdict); see the module docstring for the rest."""
+    walk = _Verification(store, repair)
+    walk.check_indexes()
+    blobs = walk.check_blobs()
+    entries = walk.check_compile_entries(blobs)
+    walk.check_tuning_records(entries)
+    walk.load(store.namespaces.toolchains, ())  # toolchain profiles: each row a readable entry
+    return walk.result()
 
-    def report(kind: str, namespace: Namespace, key: str, detail: str, rowid: int | None = None) -> None:
-        nonlocal repaired
-        problems.append({"kind": kind, "namespace": namespace.directory.name, "key": key, "detail": detail})
-        if repair:
-            repaired += namespace.delete(key) if rowid is None else namespace.delete_row(rowid)
 
-    def unreadable_value(namespace: Namespace, key: str, exc: CacheError) -> None:
+class _BlobStates:
+    """Each blob key's verdict, which the compile entries pointing at it are judged by."""
+
+    def __init__(self) -> None:
+        self.good: set[str] = set()
+        self.corrupt: set[str] = set()
+        self.unreadable: set[str] = set()
+
+
+class _Verification:
+    """One ``verify`` walk: the problems found, the counts checked and what was repaired.
+
+    The namespaces are checked in order (indexes, blobs, compile entries, tuning records,
+    toolchains), each step reading what the steps before it found; a namespace whose index could
+    not be read is skipped by every later step.
+    """
+
+    def __init__(self, store: Store, repair: bool) -> None:
+        self.store = store
+        self.repair = repair
+        self.problems: list[dict[str, str]] = []
+        self.checked: dict[str, int] = {}
+        self.repaired = 0
+        self.rebuilt: dict[str, dict[str, int]] = {}
+        self.unreadable: set[str] = set()
+
+    def problem(self, kind: str, namespace: str, key: str, detail: str) -> None:
+        """Record a problem that no repair deletes a row for."""
+        self.problems.append({"kind": kind, "namespace": namespace, "key": key, "detail": detail})
+
+    def report(self, kind: str, namespace: Namespace, key: str, detail: str,
+               rowid: int | None = None) -> None:
+        """Record a problem whose repair is deleting its row (by rowid when the key is unusable)."""
+        self.problem(kind, namespace.directory.name, key, detail)
+        if self.repair:
+            self.repaired += namespace.delete(key) if rowid is None else namespace.delete_row(rowid)
+
+    def unreadable_value(self, namespace: Namespace, key: str, exc: CacheError) -> None:
         """Reported, never repaired: the bytes may be intact."""
         kind = "permission_denied" if isinstance(exc, PermissionDeniedError) else "unreadable_file"
-        problems.append({"kind": kind, "namespace": namespace.directory.name, "key": key, "detail": str(exc)})
+        self.problem(kind, namespace.directory.name, key, str(exc))
 
-    unreadable: set[str] = set()
-    for namespace in ns.all():
-        name = namespace.directory.name
-        try:
-            detail = namespace.quick_check()
-        except PermissionDeniedError as exc:
-            unreadable.add(name)
-            unreadable_value(namespace, str(namespace.directory / DBNAME), exc)
-            continue
-        if detail is None:
-            continue
-        problems.append({"kind": "damaged_index", "namespace": name, "key": str(namespace.directory / DBNAME),
-                         "detail": detail})
-        if not repair:
-            unreadable.add(name)
-            continue
-        try:
-            rebuilt[name] = rebuild_index(store, namespace)
-            repaired += 1
-        except PermissionDeniedError as exc:  # a value file it would have to read: nothing moved
-            unreadable.add(name)
-            unreadable_value(namespace, str(namespace.directory), exc)
+    def check_indexes(self) -> None:
+        """Check every namespace's SQLite index, rebuilding a damaged one when repairing."""
+        for namespace in self.store.namespaces.all():
+            name = namespace.directory.name
+            try:
+                detail = namespace.quick_check()
+            except PermissionDeniedError as exc:
+                self.unreadable.add(name)
+                self.unreadable_value(namespace, str(namespace.directory / DBNAME), exc)
+                continue
+            if detail is None:
+                continue
+            self.problem("damaged_index", name, str(namespace.directory / DBNAME), detail)
+            if not self.repair:
+                self.unreadable.add(name)
+                continue
+            try:
+                self.rebuilt[name] = rebuild_index(self.store, namespace)
+                self.repaired += 1
+            except PermissionDeniedError as exc:  # a value file it would have to read: nothing moved
+                self.unreadable.add(name)
+                self.unreadable_value(namespace, str(namespace.directory), exc)
 
-    def rows(namespace: Namespace) -> list[RowInfo]:
-        if namespace.directory.name in unreadable:
+    def rows(self, namespace: Namespace) -> list[RowInfo]:
+        """A namespace's rows, or none when its index cannot be read (reported, then skipped)."""
+        if namespace.directory.name in self.unreadable:
             return []
         try:
             return namespace.rows()
         except PermissionDeniedError as exc:
-            unreadable.add(namespace.directory.name)
-            unreadable_value(namespace, str(namespace.directory / DBNAME), exc)
+            self.unreadable.add(namespace.directory.name)
+            self.unreadable_value(namespace, str(namespace.directory / DBNAME), exc)
             return []
         except DamagedCacheError as exc:  # damage the quick check did not see
-            unreadable.add(namespace.directory.name)
-            problems.append({"kind": "damaged_index", "namespace": namespace.directory.name,
-                             "key": str(namespace.directory / DBNAME), "detail": str(exc)})
+            self.unreadable.add(namespace.directory.name)
+            self.problem("damaged_index", namespace.directory.name,
+                         str(namespace.directory / DBNAME), str(exc))
             return []
 
-    def load(namespace: Namespace, required: tuple[str, ...]) -> dict[str, tuple[dict[str, Any], str, str | None]]:
-        """Readable entries of a namespace as key -> (entry, JSON text, tag), reporting the unreadable ones."""
-        good = {}
-        found = rows(namespace)
-        checked[namespace.directory.name] = len(found)
+    def load(self, namespace: Namespace, required: tuple[str, ...]) -> _Entries:
+        """Readable entries of a namespace as key -> (entry, JSON text, tag), reporting the
+        unreadable ones."""
+        good: _Entries = {}
+        found = self.rows(namespace)
+        self.checked[namespace.directory.name] = len(found)
         for info in found:
             if info.key is None:
-                report("bad_key", namespace, f"rowid {info.rowid}", "key is pickled or not text", rowid=info.rowid)
+                self.report("bad_key", namespace, f"rowid {info.rowid}", "key is pickled or not text",
+                            rowid=info.rowid)
                 continue
             try:
                 value = namespace.value_of(info)
             except UnsafeValueError as exc:
-                report("unsafe_value", namespace, info.key, str(exc))
+                self.report("unsafe_value", namespace, info.key, str(exc))
                 continue
             except (PermissionDeniedError, DamagedCacheError) as exc:
-                unreadable_value(namespace, info.key, exc)
+                self.unreadable_value(namespace, info.key, exc)
                 continue
             if value is None:
                 continue  # removed while we walked
             why = entry_problem(value, required)
             if why is not None:
-                report("bad_entry", namespace, info.key, why)
+                self.report("bad_entry", namespace, info.key, why)
                 continue
             assert isinstance(value, str)  # entry_problem refuses anything but JSON text
             good[info.key] = (json.loads(value), value, info.tag)
         return good
 
-    good_blobs: set[str] = set()
-    corrupt_blobs: set[str] = set()
-    unreadable_blobs: set[str] = set()
-    blob_rows = rows(ns.blobs)
-    checked["blobs"] = len(blob_rows)
-    for info in blob_rows:
-        if info.key is None or not is_digest(info.key):
-            report("bad_key", ns.blobs, info.key or f"rowid {info.rowid}", "blob key is not a digest", rowid=info.rowid)
-            continue
-        try:
-            data = ns.blobs.value_of(info)
-        except UnsafeValueError as exc:
-            report("unsafe_value", ns.blobs, info.key, str(exc))
-            continue
-        except (PermissionDeniedError, DamagedCacheError) as exc:
-            unreadable_blobs.add(info.key)
-            unreadable_value(ns.blobs, info.key, exc)
-            continue
-        if data is None:
-            if ns.blobs.contains(info.key):
-                report("missing_file", ns.blobs, info.key, f"value file {info.filename} is missing")
-            continue
-        if type(data) is not bytes or digest_of(data) != info.key:
-            corrupt_blobs.add(info.key)
-            problems.append({"kind": "corrupt_blob", "namespace": "blobs", "key": info.key,
-                             "detail": f"{len(data)} bytes do not hash to their digest"})
-            if repair:
-                store.quarantine_blob(info.key, data.encode() if isinstance(data, str) else data)
-                repaired += 1
-            continue
-        good_blobs.add(info.key)
+    def check_blobs(self) -> _BlobStates:
+        """Re-hash every blob, quarantining the corrupt ones when repairing."""
+        blobs = self.store.namespaces.blobs
+        states = _BlobStates()
+        blob_rows = self.rows(blobs)
+        self.checked["blobs"] = len(blob_rows)
+        for info in blob_rows:
+            if info.key is None or not is_digest(info.key):
+                self.report("bad_key", blobs, info.key or f"rowid {info.rowid}",
+                            "blob key is not a digest", rowid=info.rowid)
+                continue
+            try:
+                data = blobs.value_of(info)
+            except UnsafeValueError as exc:
+                self.report("unsafe_value", blobs, info.key, str(exc))
+                continue
+            except (PermissionDeniedError, DamagedCacheError) as exc:
+                states.unreadable.add(info.key)
+                self.unreadable_value(blobs, info.key, exc)
+                continue
+            if data is None:
+                if blobs.contains(info.key):
+                    self.report("missing_file", blobs, info.key,
+                                f"value file {info.filename} is missing")
+                continue
+            if type(data) is not bytes or digest_of(data) != info.key:
+                states.corrupt.add(info.key)
+                self.problem("corrupt_blob", "blobs", info.key,
+                             f"{len(data)} bytes do not hash to their digest")
+                if self.repair:
+                    raw = data.encode() if isinstance(data, str) else data
+                    self.store.quarantine_blob(info.key, raw)
+                    self.repaired += 1
+                continue
+            states.good.add(info.key)
+        return states
 
-    entries = load(ns.compile, COMPILE_REQUIRED)
-    for key, (entry, text, tag) in entries.items():
-        digest = entry["digest"]
-        if digest in unreadable_blobs or "blobs" in unreadable:
-            continue  # its blob is reported; the entry may well be fine
-        if digest in corrupt_blobs or (digest not in good_blobs and store.get_blob(digest) is None):
-            state = "corrupt" if digest in corrupt_blobs else "missing"
-            report("missing_blob", ns.compile, key, f"blob {digest} is {state}")
-        elif tag != digest:
-            problems.append({"kind": "bad_tag", "namespace": "compile", "key": key,
-                             "detail": f"tag {tag!r} != digest {digest}"})
-            if repair:
-                ns.compile.set(key, text, tag=digest)
-                repaired += 1
+    def check_compile_entries(self, blobs: _BlobStates) -> _Entries:
+        """Check each compile entry's blob and tag, retagging when repairing; returns the
+        readable entries, which the tuning records' winners are looked up in."""
+        compile_ns = self.store.namespaces.compile
+        entries = self.load(compile_ns, COMPILE_REQUIRED)
+        for key, (entry, text, tag) in entries.items():
+            digest = entry["digest"]
+            if digest in blobs.unreadable or "blobs" in self.unreadable:
+                continue  # its blob is reported; the entry may well be fine
+            if digest in blobs.corrupt or (digest not in blobs.good
+                                           and self.store.get_blob(digest) is None):
+                state = "corrupt" if digest in blobs.corrupt else "missing"
+                self.report("missing_blob", compile_ns, key, f"blob {digest} is {state}")
+            elif tag != digest:
+                self.problem("bad_tag", "compile", key, f"tag {tag!r} != digest {digest}")
+                if self.repair:
+                    compile_ns.set(key, text, tag=digest)
+                    self.repaired += 1
+        return entries
 
-    tuning = load(ns.tuning, TUNING_REQUIRED)
-    for key, (record, _, _) in tuning.items():
-        winner = record["compile_key"]
-        if "compile" in unreadable:
-            break  # whether its winner exists cannot be told
-        if winner not in entries and not store.has_compile(winner):
-            report("missing_winner", ns.tuning, key, f"winning compile entry {winner!r} is missing")
+    def check_tuning_records(self, entries: _Entries) -> None:
+        """Check that each tuning record's winning compile entry exists."""
+        tuning_ns = self.store.namespaces.tuning
+        tuning = self.load(tuning_ns, TUNING_REQUIRED)
+        for key, (record, _, _) in tuning.items():
+            winner = record["compile_key"]
+            if "compile" in self.unreadable:
+                break  # whether its winner exists cannot be told
+            if winner not in entries and not self.store.has_compile(winner):
+                self.report("missing_winner", tuning_ns, key,
+                            f"winning compile entry {winner!r} is missing")
 
-    load(ns.toolchains, ())
-    result: dict[str, Any] = {"ok": not problems, "problems": problems, "checked": checked}
-    if repair:
-        result["repaired"] = repaired
-        result["rebuilt"] = rebuilt
-    return result
+    def result(self) -> dict[str, Any]:
+        """The walk's answer: ok, the problems, the counts checked and, when repairing, what was
+        repaired and rebuilt."""
+        result: dict[str, Any] = {"ok": not self.problems, "problems": self.problems,
+                                  "checked": self.checked}
+        if self.repair:
+            result["repaired"] = self.repaired
+            result["rebuilt"] = self.rebuilt
+        return result
 
 
 def rebuild_index(store: Store, namespace: Namespace) -> dict[str, int]:

@@ -20,7 +20,7 @@ from . import cutile
 from .arch import Arch
 from .declaration_checks import arity_problem, bucket_problem, default_problem, did_you_mean
 from .device_table import DeviceInfo, wants_device
-from .dims import expand_workloads
+from .dims import Bucket, expand_workloads
 from .fingerprint import FingerprintError, kernel_fingerprint
 from .keys import key as default_key_fn
 from .keys import resolve_hints
@@ -77,26 +77,15 @@ class TunedKernel:
         self.pyfunc = cutile.pyfunc(kernel)
         self.name = name or self.pyfunc.__name__
         self.module = self.pyfunc.__module__
-        if not self.pyfunc.__name__.isascii():  # tileiras fails on it with no reason given
-            raise self.error(f"the function name {self.pyfunc.__name__!r} has non-ASCII "
-                             "letters, which cuTile cannot use as a kernel symbol; rename the "
-                             "function (name= sets only ctbuild's name for it)")
+        self._check_symbol_name()
         self._check_functions(grid, args, hints, key, default)
         functools.update_wrapper(self, self.pyfunc)
-        try:
-            self.space: Space = as_space(space)
-        except (TypeError, ValueError) as exc:
-            raise self.error(f"bad search space: {exc}") from None
+        self.space: Space = self._space_of(space)
         self.axes = self.space.axes()
         self.kernel_params = cutile.param_names(kernel)
         self._constant_params = cutile.constant_params(kernel)
         given = [_as_workload(w) for w in workloads]
-        if params is not None:
-            self.params = tuple(params)
-        elif args is not None and given:
-            self.params = tuple(given[0])  # a custom args= decides what the caller passes
-        else:
-            self.params = tuple(p for p in self.kernel_params if p not in self.axes)
+        self.params = self._call_params(params, args, given)
         #: ``grid(cfg, w)`` or ``grid(cfg, w, dev)`` (`wants_device` tells which)
         self.grid_fn: Callable[..., Any] = grid
         self.args_fn = args
@@ -108,24 +97,9 @@ class TunedKernel:
         self.cap = None if cap is None else int(cap)
         if self.cap is not None and self.cap < 1:
             raise self.error(f"cap must be >= 1, got {cap}")
-        for what, names in (("restore", self.restore), ("reset_to_zero", self.reset_to_zero)):
-            if unknown := [n for n in names if n not in self.params]:
-                raise self.error(f"{what} names unknown argument(s) {unknown}; "
-                                 f"arguments: {', '.join(self.params)}")
-        if args is None:
-            missing = [p for p in self.kernel_params if p not in self.params and p not in self.axes]
-            if missing:
-                raise self.error(f"kernel parameter(s) {missing} are neither call arguments nor "
-                                 "search-space axes; add them to the space or pass args=")
+        self._check_argument_names(custom_args=args is not None)
         self.declared_workloads = [self._check_workload(w) for w in given]
-        if problem := bucket_problem(self.key_fn, self.params,
-                                     self.declared_workloads[0] if given else None):
-            raise self.error(problem)
-        try:
-            self.dynamic_workloads, self.workloads, self.buckets = expand_workloads(
-                self.declared_workloads)
-        except ValueError as exc:
-            raise self.error(str(exc)) from None
+        self.dynamic_workloads, self.workloads, self.buckets = self._expand_workloads()
         self._wants_device = wants_device(grid)
         if default is not None and not callable(default):
             self._check_default(Config(default, self.name))
@@ -134,6 +108,57 @@ class TunedKernel:
         self._runtime: Any = None
         self._call: Callable[..., None] = self._start_call
         self._launch: Callable[..., None] = self._start_launch
+
+    # ---- declaring: the checks and derivations of __init__ --------------------------------
+    def _check_symbol_name(self) -> None:
+        """The function's name becomes the kernel's symbol: tileiras fails on a non-ASCII one
+        with no reason given, so say it here."""
+        if not self.pyfunc.__name__.isascii():
+            raise self.error(f"the function name {self.pyfunc.__name__!r} has non-ASCII "
+                             "letters, which cuTile cannot use as a kernel symbol; rename the "
+                             "function (name= sets only ctbuild's name for it)")
+
+    def _space_of(self, space: Any) -> Space:
+        """The declared search space as a `Space`, a malformed one reported as this kernel's."""
+        try:
+            return as_space(space)
+        except (TypeError, ValueError) as exc:
+            raise self.error(f"bad search space: {exc}") from None
+
+    def _call_params(self, params: Sequence[str] | None, args: Callable | None,
+                     given: list[Workload]) -> tuple[str, ...]:
+        """The names a caller passes: ``params=``, else a custom ``args=``'s (the first
+        workload's names), else the kernel parameters that are not search-space axes."""
+        if params is not None:
+            return tuple(params)
+        if args is not None and given:
+            return tuple(given[0])  # a custom args= decides what the caller passes
+        return tuple(p for p in self.kernel_params if p not in self.axes)
+
+    def _check_argument_names(self, *, custom_args: bool) -> None:
+        """restore= and reset_to_zero= name call arguments; without a custom ``args=`` every
+        kernel parameter is a call argument or an axis (else the launch would lack it)."""
+        for what, names in (("restore", self.restore), ("reset_to_zero", self.reset_to_zero)):
+            if unknown := [n for n in names if n not in self.params]:
+                raise self.error(f"{what} names unknown argument(s) {unknown}; "
+                                 f"arguments: {', '.join(self.params)}")
+        if not custom_args:
+            missing = [p for p in self.kernel_params if p not in self.params and p not in self.axes]
+            if missing:
+                raise self.error(f"kernel parameter(s) {missing} are neither call arguments nor "
+                                 "search-space axes; add them to the space or pass args=")
+
+    def _expand_workloads(self) -> tuple[list[Workload], list[Workload], dict[Workload, Bucket]]:
+        """The declared workloads, once the tuning key's ``bucket=`` names only arguments and
+        dims they have, expanded: (the dynamic ones, every workload to build and tune, the
+        bucket of each representative)."""
+        first = self.declared_workloads[0] if self.declared_workloads else None
+        if problem := bucket_problem(self.key_fn, self.params, first):
+            raise self.error(problem)
+        try:
+            return expand_workloads(self.declared_workloads)
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
 
     # ---- naming and errors -------------------------------------------------------------
     def error(self, message: str) -> DeclarationError:

@@ -49,6 +49,7 @@ Rules of the cuTile 1.7.0 dispatcher (found by probing it; each one was a parity
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Sequence
 
@@ -129,7 +130,31 @@ def array_constraint(spec: Tensor, annotation: Any, calling_convention: CallingC
         static_shape = _static_dims(annotation.static_shape_dims, spec.ndim, "static_shape_dims")
         static_stride = _static_dims(annotation.static_stride_dims, spec.ndim,
                                      "static_stride_dims")
-    itemsize = max(bits // 8, 1)
+    _check_launchable(spec, max(bits // 8, 1), static_stride)
+    specialize = spec.ndim <= MAX_SPECIALIZED_NDIM
+    v2 = calling_convention.version >= 2
+    if static_shape is not None and not v2:
+        raise SignatureError("static_shape_dims need calling convention cutile_python_v2")
+    dims = _dim_facts(spec, bits, static_shape, static_stride, specialize=specialize, v2=v2)
+    return ArrayConstraint(
+        _CT_DTYPES[spec.dtype], spec.ndim,
+        index_dtype=index_dtype,
+        stride_lower_bound_incl=dims.lower_bound,
+        alias_groups=(),
+        may_alias_internally=not _is_disjoint(spec.shape, spec.strides),
+        stride_constant=dims.stride_constant,
+        shape_constant=dims.shape_constant if v2 else None,
+        stride_divisible_by=dims.stride_div,
+        shape_divisible_by=dims.shape_div,
+        base_addr_divisible_by=BASE_ALIGN if spec.align % BASE_ALIGN == 0 else 1,
+    )
+
+
+def _check_launchable(spec: Tensor, itemsize: int, static_stride: tuple[int, ...] | None
+                      ) -> None:
+    """Refuse, at plan time, what the dispatcher refuses at launch: a size or a byte stride
+    beyond int64 (C ``long``), or a negative stride on a ``static_stride_dims`` dim."""
+    assert spec.strides is not None
     for i, n in enumerate(spec.shape):
         if n > _INT64[1]:
             raise SignatureError(f"dim {i} has size {n}, beyond the int64 range cuTile's launch "
@@ -141,16 +166,26 @@ def array_constraint(spec: Tensor, annotation: Any, calling_convention: CallingC
         if static_stride is not None and i in static_stride and st < 0:
             raise SignatureError(f"dim {i} is in static_stride_dims but its stride is {st}: "
                                  "cuTile refuses a negative static stride at launch")
-    specialize = spec.ndim <= MAX_SPECIALIZED_NDIM
-    v2 = calling_convention.version >= 2
-    if static_shape is not None and not v2:
-        raise SignatureError("static_shape_dims need calling convention cutile_python_v2")
 
-    stride_constant: list[int | None] = []
-    shape_constant: list[int | None] = []
-    lower_bound: list[int | None] = []
-    stride_div: list[int] = []
-    shape_div: list[int] = []
+
+@dataclasses.dataclass
+class _DimFacts:
+    """The per-dim fields of an `ArrayConstraint`, one item per dim."""
+    stride_constant: list[int | None] = dataclasses.field(default_factory=list)
+    shape_constant: list[int | None] = dataclasses.field(default_factory=list)
+    lower_bound: list[int | None] = dataclasses.field(default_factory=list)
+    stride_div: list[int] = dataclasses.field(default_factory=list)
+    shape_div: list[int] = dataclasses.field(default_factory=list)
+
+
+def _dim_facts(spec: Tensor, bits: int, static_shape: tuple[int, ...] | None,
+               static_stride: tuple[int, ...] | None, *, specialize: bool, v2: bool
+               ) -> _DimFacts:
+    """Each dim's constants, stride lower bound and divisibility as the dispatcher derives them:
+    constants from the annotation's static dims alone when it gives them, else inferred (a unit
+    stride; a size-1 dim under v2) up to rank 5; a constant dim has no other fact."""
+    assert spec.strides is not None
+    facts = _DimFacts()
     for i, (n, s) in enumerate(zip(spec.shape, spec.strides)):
         if static_stride is not None:
             sc = s if i in static_stride else None
@@ -160,24 +195,13 @@ def array_constraint(spec: Tensor, annotation: Any, calling_convention: CallingC
             nc = n if i in static_shape else None
         else:
             nc = 1 if specialize and v2 and n == 1 else None
-        stride_constant.append(sc)
-        shape_constant.append(nc)
-        lower_bound.append(None if sc is not None else 0)
-        stride_div.append(128 // bits if sc is None and specialize and (s * bits) % 128 == 0
-                          else 1)
-        shape_div.append(16 if nc is None and specialize and n % 16 == 0 else 1)
-    return ArrayConstraint(
-        _CT_DTYPES[spec.dtype], spec.ndim,
-        index_dtype=index_dtype,
-        stride_lower_bound_incl=lower_bound,
-        alias_groups=(),
-        may_alias_internally=not _is_disjoint(spec.shape, spec.strides),
-        stride_constant=stride_constant,
-        shape_constant=shape_constant if v2 else None,
-        stride_divisible_by=stride_div,
-        shape_divisible_by=shape_div,
-        base_addr_divisible_by=BASE_ALIGN if spec.align % BASE_ALIGN == 0 else 1,
-    )
+        facts.stride_constant.append(sc)
+        facts.shape_constant.append(nc)
+        facts.lower_bound.append(None if sc is not None else 0)
+        facts.stride_div.append(128 // bits if sc is None and specialize and (s * bits) % 128 == 0
+                                else 1)
+        facts.shape_div.append(16 if nc is None and specialize and n % 16 == 0 else 1)
+    return facts
 
 
 def _meet(values: Sequence[int | None]) -> int | None:

@@ -266,8 +266,21 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     remember_build(guard, project.cache_dir,
                    [r.key for r in result.records if r.status == "compiled"])
 
+    rows = _job_rows(result.records, jobs)
+    failures = _failures(result.records, rows)
+    summary = _summary(result, rows, failures, started=started, toolchain=toolchain.fingerprint,
+                       archs=archs, cache_dir=project.cache_dir, ir_check=ir_check.to_json())
+    if report is not None:
+        _write_atomic(report, {"summary": summary, "worker_info": result.worker_info,
+                               "jobs": rows})
+    return _print_outcome(args, out, summary, result.fatal)
+
+
+def _job_rows(records: list[Any], jobs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per job record, with what its job built (kernel, arch, config, workload): the
+    --report's jobs, and what the per-kernel summary counts."""
     rows = []
-    for rec in result.records:
+    for rec in records:
         job = jobs[rec.key]
         rows.append({"key": rec.key, "kernel": job["kernel"], "arch": job["arch"],
                      "config": job["config"], "workload": job["workload"],
@@ -275,12 +288,24 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
                      "attempts": rec.attempts, "worker": rec.worker,
                      "started_s": rec.started, "finished_s": rec.finished,
                      "error_type": rec.error_type, "error": rec.error})
-    failures = [{"key": r["key"], "kernel": r["kernel"], "arch": r["arch"],
-                 "config": r["config"], "error_type": r["error_type"],
-                 "error": result.records[i].first_error_line}
-                for i, r in enumerate(rows) if r["status"] == "failed"]
-    from ..compile.progress import kernel_summary, render_summary
-    summary: dict[str, Any] = {
+    return rows
+
+
+def _failures(records: list[Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failed jobs, each with only its error's first line: short enough to print."""
+    return [{"key": r["key"], "kernel": r["kernel"], "arch": r["arch"],
+             "config": r["config"], "error_type": r["error_type"],
+             "error": records[i].first_error_line}
+            for i, r in enumerate(rows) if r["status"] == "failed"]
+
+
+def _summary(result: Any, rows: list[dict[str, Any]], failures: list[dict[str, Any]], *,
+             started: float, toolchain: str, archs: list[Arch], cache_dir: Path,
+             ir_check: dict[str, Any]) -> dict[str, Any]:
+    """The build's summary (printed, --json's document, --report's head): the counts, where
+    the time went, where it ran, each kernel's counts and the failures."""
+    from ..compile.progress import kernel_summary
+    return {
         "jobs": len(rows), "compiled": result.count("compiled"),
         "cached": result.count("cached"), "failed": result.count("failed"),
         "seconds": round(time.perf_counter() - started, 3), "workers": result.workers,
@@ -291,23 +316,28 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
         "run_seconds": round(result.run_seconds, 3),
         "worker_seconds": round(result.worker_seconds, 3),
         "compile_seconds": round(sum(r["seconds"] for r in rows), 3),
-        "restarts": result.restarts, "toolchain": toolchain.fingerprint,
-        "archs": [str(a) for a in archs], "cache": str(project.cache_dir),
+        "restarts": result.restarts, "toolchain": toolchain,
+        "archs": [str(a) for a in archs], "cache": str(cache_dir),
         "address": result.address, "fatal": result.fatal,
         "kernels": kernel_summary(rows), "failures": failures,
-        "ir_check": ir_check.to_json(),
+        "ir_check": ir_check,
     }
-    if report is not None:
-        _write_atomic(report, {"summary": summary, "worker_info": result.worker_info,
-                               "jobs": rows})
+
+
+def _print_outcome(args: argparse.Namespace, out: Any, summary: dict[str, Any],
+                   fatal: str | None) -> int:
+    """Print the summary to ``out`` (JSON or the table) and a fatal error to stderr; the exit
+    status: 1 when the build was aborted, or some job failed without --allow-failures."""
+    from ..compile.progress import render_summary
+    failures = summary["failures"]
     with contextlib.redirect_stdout(out):
         if args.json:
             print_json(summary)
         else:
             print(render_summary(summary["kernels"], failures, summary))
-    if result.fatal:
-        print(f"error: {result.fatal}", file=sys.stderr)
-    if result.fatal or (failures and not args.allow_failures):
+    if fatal:
+        print(f"error: {fatal}", file=sys.stderr)
+    if fatal or (failures and not args.allow_failures):
         return 1
     return 0
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..bucket_map import MAX_SPLITS
 from ..tune.choice import TieBand, TieBandError
@@ -18,6 +19,9 @@ from .common import (
     print_json,
     project_from_args,
 )
+
+if TYPE_CHECKING:
+    from ..tune.session import TuneOptions
 
 EPILOG = """\
 examples:
@@ -150,16 +154,13 @@ def run(args: argparse.Namespace) -> int:
     from ..toolchain import toolchain_for
     from ..tune.fleet import FleetRun, GpuListError, tune_fleet
     from ..tune.recorded import recorded_workloads
-    from ..tune.session import TuneOptions, entries_for, tune_entries
+    from ..tune.session import entries_for, tune_entries
     from ..tune.tuner import current_device
 
     project = project_from_args(args)
     kernels = project.kernels()
     only = [n for item in args.kernel for n in item.split(",") if n]
-    names = {k.name for k in kernels}
-    if unknown := [n for n in only if n not in names]:
-        return fail(f"unknown kernel(s) {unknown}; declared: {', '.join(sorted(names))}")
-    if args.refine and (problem := refine_problem(args, kernels, only)):
+    if problem := selection_problem(args, kernels, only):
         return fail(problem)
     gpus = None
     if args.gpus is not None:
@@ -182,16 +183,9 @@ def run(args: argparse.Namespace) -> int:
         return verify(entries, store, device, fp, args)
     check_identity(project, [k for k in kernels if not only or k.name in only], device.arch, fp,
                    recorded_workloads(store, kernels, device.arch), args.workers)
-    opts = TuneOptions(retune=args.retune, compile_missing=args.compile_missing,
-                       timeout_s=args.timeout, cap=project.cap,
-                       paths=[str(p) for p in project.paths], workers=args.workers,
-                       tie_band=args.tie_band.percent, refine=args.refine)
+    opts = tune_options(args, project)
     quiet = bool(args.json)
-
-    def emit(s: dict[str, Any]) -> None:
-        if not quiet:
-            print("\n".join([_line(s), *refine_lines(s)]), flush=True)
-
+    emit = _printer(quiet)
     if not quiet:
         print(f"tuning {len(entries)} kernel x workload(s) on {device.name} ({device.arch}), "
               f"cache {project.cache_dir}, toolchain {fp[:12]}", flush=True)
@@ -205,15 +199,56 @@ def run(args: argparse.Namespace) -> int:
                           pin=gpus is not None)
         summaries, fleet = tune_fleet(run_on, entries, store, device, fp, emit)
         if len(run_on.gpus) > 1 and not quiet:
-            for s in summaries:
-                if s.get("record", {}).get("fleet"):
-                    print("fleet    " + _line(s)[9:], flush=True)
-            for slow in fleet["slow_gpus"]:
-                print(f"GPU {slow['gpu']} measured {100 * (slow['ratio'] - 1):.1f}% slower than "
-                      "the fleet median on the same candidates", flush=True)
-    out = {
+            _print_fleet(summaries, fleet)
+    out = tune_result(project, device, fp, time.perf_counter() - start, summaries, fleet)
+    return finish(args, out)
+
+
+def selection_problem(args: argparse.Namespace, kernels: list, only: list[str]) -> str | None:
+    """Why the kernels named by --kernel (and --refine on them) cannot be tuned (None: they can)."""
+    names = {k.name for k in kernels}
+    if unknown := [n for n in only if n not in names]:
+        return f"unknown kernel(s) {unknown}; declared: {', '.join(sorted(names))}"
+    if args.refine:
+        return refine_problem(args, kernels, only)
+    return None
+
+
+def tune_options(args: argparse.Namespace, project: Any) -> TuneOptions:
+    """The measuring options from the command line and the project (cap, paths)."""
+    from ..tune.session import TuneOptions
+    return TuneOptions(retune=args.retune, compile_missing=args.compile_missing,
+                       timeout_s=args.timeout, cap=project.cap,
+                       paths=[str(p) for p in project.paths], workers=args.workers,
+                       tie_band=args.tie_band.percent, refine=args.refine)
+
+
+def _printer(quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """What is done with each entry's summary as it is tuned: its line (and --refine's lines)
+    printed at once, so a long tune shows progress; nothing with --json."""
+    def emit(s: dict[str, Any]) -> None:
+        if not quiet:
+            print("\n".join([_line(s), *refine_lines(s)]), flush=True)
+    return emit
+
+
+def _print_fleet(summaries: list[dict[str, Any]], fleet: dict[str, Any]) -> None:
+    """With several GPUs: the entries decided across them, then the GPUs measured slow."""
+    for s in summaries:
+        if s.get("record", {}).get("fleet"):
+            print("fleet    " + _line(s)[9:], flush=True)
+    for slow in fleet["slow_gpus"]:
+        print(f"GPU {slow['gpu']} measured {100 * (slow['ratio'] - 1):.1f}% slower than "
+              "the fleet median on the same candidates", flush=True)
+
+
+def tune_result(project: Any, device: Any, fp: str, seconds: float,
+                summaries: list[dict[str, Any]], fleet: dict[str, Any]) -> dict[str, Any]:
+    """The tune's result (--json's document, the report's data): where, how long, the counts
+    by status and every entry's summary."""
+    return {
         "gpu": device.name, "arch": device.arch, "driver": device.driver, "toolchain": fp,
-        "cache": str(project.cache_dir), "seconds": round(time.perf_counter() - start, 3),
+        "cache": str(project.cache_dir), "seconds": round(seconds, 3),
         "tuned": sum(s["status"] == "tuned" for s in summaries),
         "skipped": sum(s["status"] == "skipped" for s in summaries),
         "failed": sum(s["status"] == "failed" for s in summaries),
@@ -224,6 +259,12 @@ def run(args: argparse.Namespace) -> int:
         "entries": summaries,
         **({"fleet": fleet} if fleet else {}),
     }
+
+
+def finish(args: argparse.Namespace, out: dict[str, Any]) -> int:
+    """Write --report, print the result (JSON, or the totals line) and return the exit code:
+    1 when an entry or a --refine sub-bucket failed."""
+    quiet = bool(args.json)
     if args.report:
         from ..tune.report import write_report
         html_path, json_path = write_report(Path(args.report), out)

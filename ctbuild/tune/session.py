@@ -200,70 +200,100 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
     escaped cuTile's benchmark subprocess) or stalls, restart it on the remaining entries,
     excluding the candidate that was being measured (recorded as a failure of that entry).
     """
-    results: dict[int, dict[str, Any]] = {}
-    exclude: dict[int, dict[str, str]] = {}
-    remaining = [e.index for e in entries]
-    restarts = 0
+    run = _Supervision(entries, emit)
     per_entry = entry_timeout_s or _entry_budget(opts)
     with tempfile.TemporaryDirectory(prefix="ctbuild-tune-") as tmp:
-        while remaining:
-            events_path = Path(tmp) / f"events-{restarts}.jsonl"
-            spec = {"config": config_path, "cache": cache_dir, "entries": remaining,
-                    "only": list(only), "exclude": {str(k): v for k, v in exclude.items()},
+        while run.remaining:
+            events_path = Path(tmp) / f"events-{run.restarts}.jsonl"
+            spec = {"config": config_path, "cache": cache_dir, "entries": run.remaining,
+                    "only": list(only), "exclude": {str(k): v for k, v in run.exclude.items()},
                     "opts": {**opts.__dict__}, "events": str(events_path), "mode": mode,
                     "payload": {str(k): v for k, v in (payload or {}).items()}}
-            spec_path = Path(tmp) / f"spec-{restarts}.json"
+            spec_path = Path(tmp) / f"spec-{run.restarts}.json"
             spec_path.write_text(json.dumps(spec))
             proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tune.session", str(spec_path)],
                                     stdout=sys.stderr, env={**os.environ, **(env or {})})
-            current: int | None = None
-            last_cfg: dict[str, Any] | None = None
-            started = time.monotonic()
-            seen = 0
-            stalled = False
-            while True:
-                rc = proc.poll()
-                for ev in _read_events(events_path, seen):
-                    seen += 1
-                    if ev["event"] == "start":
-                        current, last_cfg, started = ev["entry"], None, time.monotonic()
-                    elif ev["event"] == "candidate":
-                        last_cfg = ev["config"]
-                    elif ev["event"] == "done":
-                        s = ev["summary"]
-                        results[ev["entry"]] = s
-                        if ev["entry"] in remaining:
-                            remaining.remove(ev["entry"])
-                        current = None
-                        if emit:
-                            emit(s)
-                if rc is not None:
-                    break
-                if current is not None and time.monotonic() - started > per_entry:
-                    stalled = True
-                    proc.kill()
-                    proc.wait()
-                    break
-                time.sleep(0.2)
-            if not remaining:
+            watch = run.follow(proc, events_path, per_entry)
+            if not run.remaining:
                 break
-            restarts += 1
-            why = (f"stalled (killed after {per_entry:.0f} s)" if stalled
-                   else f"tuning process died (exit {proc.returncode})")
-            culprit = current if current is not None else remaining[0]
-            if last_cfg is not None and restarts <= max_restarts:
-                key = json.dumps(last_cfg, sort_keys=True)
-                exclude.setdefault(culprit, {})[key] = (
-                    f"process: {why} while measuring this candidate")
-                continue
-            # Nothing to blame inside the entry (or too many restarts): fail the entry.
-            e = next(x for x in entries if x.index == culprit)
-            s = summarize(e, "failed", None, "", why)
-            results[culprit] = s
-            remaining.remove(culprit)
-            if emit:
-                emit(s)
-    return [results[e.index] for e in entries if e.index in results]
+            run.restart(watch, proc.returncode, per_entry, max_restarts)
+    return [run.results[e.index] for e in entries if e.index in run.results]
+
+
+@dataclass
+class _Watch:
+    """What the supervisor saw of one child process: the entry it was tuning (None between
+    entries) and the candidate it last started measuring, from its events; whether it stalled."""
+    current: int | None = None
+    last_cfg: dict[str, Any] | None = None
+    started: float = field(default_factory=time.monotonic)
+    seen: int = 0
+    stalled: bool = False
+
+
+class _Supervision:
+    """The state of one `run_isolated` across the child processes it starts: the summaries so
+    far, the entries left, the candidates excluded per entry and the restarts."""
+
+    def __init__(self, entries: Sequence[Entry],
+                 emit: Callable[[dict[str, Any]], None] | None) -> None:
+        self.entries = entries
+        self.emit = emit
+        self.results: dict[int, dict[str, Any]] = {}
+        self.exclude: dict[int, dict[str, str]] = {}
+        self.remaining = [e.index for e in entries]
+        self.restarts = 0
+
+    def follow(self, proc: subprocess.Popen, events_path: Path, per_entry: float) -> _Watch:
+        """Read the child's events until it exits, or kill it when one entry takes longer than
+        ``per_entry`` seconds; each finished entry's summary is kept and emitted as it comes."""
+        watch = _Watch()
+        while True:
+            rc = proc.poll()
+            for ev in _read_events(events_path, watch.seen):
+                watch.seen += 1
+                if ev["event"] == "start":
+                    watch.current, watch.last_cfg = ev["entry"], None
+                    watch.started = time.monotonic()
+                elif ev["event"] == "candidate":
+                    watch.last_cfg = ev["config"]
+                elif ev["event"] == "done":
+                    s = ev["summary"]
+                    self.results[ev["entry"]] = s
+                    if ev["entry"] in self.remaining:
+                        self.remaining.remove(ev["entry"])
+                    watch.current = None
+                    if self.emit:
+                        self.emit(s)
+            if rc is not None:
+                return watch
+            if watch.current is not None and time.monotonic() - watch.started > per_entry:
+                watch.stalled = True
+                proc.kill()
+                proc.wait()
+                return watch
+            time.sleep(0.2)
+
+    def restart(self, watch: _Watch, returncode: int | None, per_entry: float,
+                max_restarts: int) -> None:
+        """After a child died or stalled: exclude the candidate it was measuring, so the next
+        child tunes that entry without it; with no candidate to blame (or too many restarts),
+        record the entry as failed instead."""
+        self.restarts += 1
+        why = (f"stalled (killed after {per_entry:.0f} s)" if watch.stalled
+               else f"tuning process died (exit {returncode})")
+        culprit = watch.current if watch.current is not None else self.remaining[0]
+        if watch.last_cfg is not None and self.restarts <= max_restarts:
+            key = json.dumps(watch.last_cfg, sort_keys=True)
+            self.exclude.setdefault(culprit, {})[key] = (
+                f"process: {why} while measuring this candidate")
+            return
+        e = next(x for x in self.entries if x.index == culprit)
+        s = summarize(e, "failed", None, "", why)
+        self.results[culprit] = s
+        self.remaining.remove(culprit)
+        if self.emit:
+            self.emit(s)
 
 
 def _entry_budget(opts: TuneOptions) -> float:
