@@ -65,17 +65,14 @@ class _NoEntry:
 
 
 def python_forms(rt: KernelRuntime) -> Calls:
-    """The plain Python form: key, memo, launch (see the module doc).
-
-    Built for the host time of a warm call, which the key's reads (three tensor attributes per
-    tensor) dominate:
+    """The plain Python form: key, memo, launch (see the module doc). Built for the host time
+    of a warm call, which the key's reads (three tensor attributes per tensor) dominate:
 
     - the entry served last is asked first: a call whose key equals its key (a loop calling
       one layout, every layer of a model calling its norm with one shape) skips hashing the
       key and the memo lookup; any other call looks its key up and becomes the last;
     - one frame of ours per call besides the key function's: ``call`` and ``launch`` each do
-      the whole of it (a shared inner function would cost a frame per call, about a tenth of
-      the form's time);
+      it all (a shared inner function costs a frame per call, a tenth of the form's time);
     - the key function, the stream getter and cuTile's launch are bound here, not looked up
       per call: the runtime makes its form again when any of them changes, and when the memo
       is dropped (`KernelRuntime._retire`), so that no dropped entry is served from here.

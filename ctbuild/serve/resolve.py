@@ -89,15 +89,7 @@ class Resolver:
         tuned = self.tuned
         with self.lock:
             w = tuned.bind(*args, **(kwargs or {}))
-            if arch is None:
-                device = self._device_for(w)
-                arch, dev_gpu = self.ctx.device_info(device)
-                gpu = gpu or dev_gpu
-                dev = self._device_facts(device) if tuned._wants_device else None
-            else:
-                dev = nominal_device(str(Arch(arch))) if tuned._wants_device else None
-            arch = str(Arch(arch))
-            gpu = gpu or "unknown GPU"
+            device, arch, gpu, dev = self._target(w, arch, gpu, device)
             spec_w = workload_spec(tuned, w)
             wl_json = workload_json(spec_w)
             bucket = find_bucket(tuned.dynamic_workloads, spec_w) \
@@ -241,6 +233,19 @@ class Resolver:
                                      served=self.served_kernel))
         self._winners[(json.dumps(tk, sort_keys=True), arch, gpu)] = (cfg, origin)
         return cfg, origin, record_key, tk
+
+    def _target(self, w: Workload, arch: str | None, gpu: str | None, device: int
+                ) -> tuple[int, str, str, DeviceInfo | None]:
+        """(device, arch, GPU name, device facts for the grid) of a call: its tensors' GPU, or
+        the ``arch`` (and ``gpu``) `explain` was asked about, with nominal facts."""
+        if arch is None:
+            device = self._device_for(w)
+            arch, dev_gpu = self.ctx.device_info(device)
+            gpu = gpu or dev_gpu
+            dev = self._device_facts(device) if self.tuned._wants_device else None
+        else:
+            dev = nominal_device(str(Arch(arch))) if self.tuned._wants_device else None
+        return device, str(Arch(arch)), gpu or "unknown GPU", dev
 
     def _cover(self, cfg: Config, spec_w: Workload, arch: str
                ) -> tuple[str | None, str | None, str | None]:
