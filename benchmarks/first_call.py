@@ -245,7 +245,7 @@ def _num(v: float | None) -> str:
 
 
 def _cell(fig: dict[str, Any]) -> str:
-    ratio = "" if fig["ratio"] is None else f" ({fig['ratio']:.0f}x)"
+    ratio = "" if fig["ratio"] is None else f" ({fig['ratio']:.1f}x)"
     mark = "" if fig["ok"] else "!"
     return f"{_num(fig['ms']) + mark + ratio:>17}"
 
