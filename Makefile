@@ -39,10 +39,12 @@ test: $(STAMP)  ## the whole CPU suite (GPU tests skip without a GPU)
 # What depends on cuTile's internals: its private hooks, the signature rules (parity with its
 # own dispatcher on a stub libcuda), kernel identity and keys through real compiles, and a
 # cache built by the other version (OTHER_CUTILE_PYTHON) missing under this one.
-MATRIX_TESTS ?= tests/test_cutile_hooks.py tests/test_cutile_versions.py \
-	tests/test_signature_parity.py tests/test_runtime_keys.py tests/test_identity_fingerprint.py \
-	tests/test_identity_keys.py tests/test_identity_build.py tests/test_precompile_incremental.py \
-	tests/test_gpu_signature_parity.py tests/test_identity_gpu.py tests/test_runtime_gpu.py
+MATRIX_TESTS ?= tests/build/test_cutile_hooks.py tests/build/test_cutile_versions.py \
+	tests/serve/test_signature_parity.py tests/serve/test_runtime_keys.py \
+	tests/build/test_identity_fingerprint.py tests/build/test_identity_keys.py \
+	tests/build/test_identity_build.py tests/build/test_precompile_incremental.py \
+	tests/serve/test_gpu_signature_parity.py tests/build/test_identity_gpu.py \
+	tests/serve/test_runtime_gpu.py
 
 test-matrix: $(STAMP16) $(STAMP)  ## those tests under cuda-tile $(CUTILE_OLDEST) (in .venv16)
 	OTHER_CUTILE_PYTHON=$(abspath $(VENV))/bin/python $(VENV16)/bin/python -m pytest -q \

@@ -157,7 +157,7 @@ def _form(tuned) -> str:
 #: Per example kernel, the arguments whose dim 0 is the rows/tokens dim a serving loop varies.
 #: Left out: transpose (X's dim 0 is OUT's dim 1: no leading dim to cut) and softmax_rows (its
 #: first workload, the 64-row bucket of its Dim, is too short for 64 sizes in steps of 16; its
-#: sizes between bucket bounds are served in tests/test_runtime_gpu.py).
+#: sizes between bucket bounds are served in tests/serve/test_runtime_gpu.py).
 VARYING = {"silu_mul": (0, 1, 2), "rmsnorm": (0, 2), "matmul": (0, 2), "rope_inplace": (0, 1, 2)}
 
 

@@ -1,7 +1,7 @@
 """Generate docs/cli.md, the CLI reference, from the CLI itself.
 
     python docs/gen_cli.py            # rewrite docs/cli.md
-    python docs/gen_cli.py --check    # exit 1 if docs/cli.md is stale (what tests/test_docs.py does)
+    python docs/gen_cli.py --check    # exit 1 if docs/cli.md is stale (what tests/docs/test_docs.py does)
 
 Walks ``ctbuild.cli.build_parser()`` and its subcommands (recursively: ``ctbuild cache gc``) and
 renders each one's ``--help`` as a section. The help is formatted at a fixed width, so the output

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The build stage of examples/Dockerfile as a script, so the same steps also run outside Docker
-# (tests/test_container_flow.py runs them in a fresh virtualenv). Run it from the source root:
+# (tests/cli/test_container_flow.py runs them in a fresh virtualenv). Run it from the source root:
 #
 #   sh examples/build-cache.sh install              install ctbuild with Ray (no torch, no GPU)
 #   sh examples/build-cache.sh precompile [ARGS]    import bundles, precompile, verify the cache

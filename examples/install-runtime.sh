@@ -1,5 +1,5 @@
 #!/bin/sh
-# The runtime stage's install step of examples/Dockerfile (tests/test_container_flow.py runs it
+# The runtime stage's install step of examples/Dockerfile (tests/cli/test_container_flow.py runs it
 # outside Docker too). Run it from the source root:  sh examples/install-runtime.sh
 #
 # The plain install is the serving runtime: cuda-tile without tileiras, ptxas or libnvvm, and

@@ -1,13 +1,13 @@
 #!/bin/sh
 # A Docker engine and a Python base image for machines with no registry access (air-gapped CI,
-# a sandbox): the `docker` tests (tests/test_docker_build.py) and docs/deployment.md use them.
+# a sandbox): the `docker` tests (tests/cli/test_docker_build.py) and docs/deployment.md use them.
 # Needs root and Debian's packages `docker.io` and `debootstrap`.
 #
 #   sh tests/docker/local-engine.sh engine     start dockerd on $DOCKER_SOCK (no iptables, no bridge)
 #   sh tests/docker/local-engine.sh image      build $BASE_IMAGE from Debian packages (no registry)
 #   sh tests/docker/local-engine.sh [all]      both
 #
-# Then:  DOCKER_HOST=unix://$DOCKER_SOCK python -m pytest -m docker tests/test_docker_build.py
+# Then:  DOCKER_HOST=unix://$DOCKER_SOCK python -m pytest -m docker tests/cli/test_docker_build.py
 # Settings, from the environment:
 #   DOCKER_ROOT  the engine's data, exec root and log           (default /tmp/dk)
 #   DOCKER_SOCK  its socket                                     (default $DOCKER_ROOT/docker.sock)

@@ -1,0 +1,65 @@
+"""Compile workers keep torch out of their start-up (cuTile's compiler would import it: seconds
+per worker) and still build byte-identical CUBINs. Real tileiras, fresh interpreters."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+SCRIPT = """
+import json, sys
+sys.path[:0] = [{root!r}, {examples!r}]
+if sys.argv[1] == "with-torch":
+    import torch  # noqa: F401 - a kernel module that imports torch does this
+from ctbuild.compile.worker_setup import warm_worker
+info = warm_worker(["demo_kernels.elementwise"], [{examples!r}])
+from ctbuild import registered
+from ctbuild.arch import Arch
+from ctbuild.compile.compiler import compile_job
+from ctbuild.compile.plan import make_plan
+import xxhash
+kernels = [k for k in registered() if k.name == "silu_mul"]
+plan = make_plan(kernels, [Arch("sm_90")], info["toolchain"])
+job = min(plan.jobs.values(), key=lambda j: j.key)
+out = compile_job(job.to_json())
+print(json.dumps({{"torch": "torch" in sys.modules, "key": job.key,
+                  "cubin": xxhash.xxh3_128_hexdigest(out["cubin"]),
+                  "tileir": out["meta"]["tileir"], "toolchain": info["toolchain"]}}))
+"""
+
+
+def _build(mode: str, tmp_path: Path) -> dict:
+    script = SCRIPT.format(root=str(ROOT), examples=str(EXAMPLES))
+    proc = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_worker_without_torch_builds_the_same_bytes(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    hidden = _build("plain", tmp_path)
+    loaded = _build("with-torch", tmp_path)
+    assert hidden["torch"] is False  # the worker's start-up never imported torch
+    assert loaded["torch"] is True
+    assert hidden["toolchain"] == loaded["toolchain"] and hidden["key"] == loaded["key"]
+    assert hidden["cubin"] == loaded["cubin"] and hidden["tileir"] == loaded["tileir"]
+
+
+def test_torch_imports_normally_after_the_compiler_loaded_without_it() -> None:
+    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+              "from ctbuild.cutile import load_compiler_without_torch\n"
+              "assert load_compiler_without_torch()\n"
+              "assert 'torch' not in sys.modules\n"
+              "import torch\n"
+              "assert torch.zeros(2).sum().item() == 0\n"
+              "assert not load_compiler_without_torch()  # loaded already: nothing to do\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,146 @@
+"""Typos, broken kernel modules and closed pipes end in one line and the right exit code, never a
+traceback. Every case runs the real `ctbuild` in a subprocess on a tiny fixture project."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ctbuild.cache import Store
+
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = REPO / "tests" / "fixtures" / "robust_project"
+KERNEL = "robust_tiny.py"
+
+
+def env(**extra: str) -> dict:
+    full = {k: v for k, v in os.environ.items() if k != "CTBUILD_CACHE_DIR" and not k.startswith("CUDA_TILE_")}
+    full.update({"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", **extra})
+    return full
+
+
+def ctbuild(*args: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ctbuild", *args], cwd=cwd, env=env(**extra),
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int) -> str:
+    """The error message, after checking: exit ``code``, no traceback, one 'ctbuild: error:' line."""
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    shutil.copytree(PROJECT, tmp_path / "project")
+    return tmp_path / "project"
+
+
+BROKEN_KERNELS = [
+    # (what the user wrote wrong, how the source is changed, what the message must name)
+    ("syntax error", ("bid = ct.bid(0)", "bid = ct.bid(0) +"), ["SyntaxError", f"{KERNEL}:"]),
+    ("name error at import", ("import ctbuild\n", "import ctbuild\nundefined_helper()\n"), ["NameError", f"{KERNEL}:"]),
+    ("unknown dtype", ('Tensor((4096,), "float32"), "OUT"', 'Tensor((4096,), "float128"), "OUT"'),
+     ["float128", f"{KERNEL}:"]),
+    ("unknown workload argument in grid", ("w.X.shape", "w.XX.shape"), ["XX", f"{KERNEL}:"]),
+    ("exception in grid", ("grid=lambda cfg, w: (", "grid=lambda cfg, w: (1 // 0, "),
+     ["ZeroDivisionError", f"{KERNEL}:"]),
+]
+
+
+@pytest.mark.parametrize("what, change, named", BROKEN_KERNELS, ids=[b[0] for b in BROKEN_KERNELS])
+def test_a_broken_kernel_module_is_one_line_naming_file_and_line(project, what, change, named):
+    source = project / KERNEL
+    text = source.read_text()
+    assert change[0] in text
+    source.write_text(text.replace(change[0], change[1], 1))
+    line = one_line_error(ctbuild("plan", cwd=project), 2)
+    for word in named:
+        assert word in line, line
+
+
+def test_bad_flags_and_config_paths_are_refused_with_a_clear_message(project, tmp_path):
+    for bad in ("sm_90,,", ""):
+        line = one_line_error(ctbuild("plan", "--arch", bad, cwd=project), 2)
+        assert "empty arch" in line
+    line = one_line_error(ctbuild("precompile", "--compile-timeout", "inf", cwd=project), 2)
+    assert "finite" in line
+    line = one_line_error(ctbuild("plan", "--config", str(project.parent), cwd=project), 2)
+    assert "is a directory" in line
+    line = one_line_error(ctbuild("plan", "--config", str(project), cwd=tmp_path), 2)
+    assert "is a directory" in line and f"--config {project / 'ctbuild.toml'}" in line
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = one_line_error(ctbuild("plan", cwd=empty), 2)
+    assert "no config file found" in line and str(empty) in line
+
+
+def test_cache_errors_and_unknown_cuda_tile_vars_are_one_line(project, tmp_path):
+    foreign = tmp_path / "foreign-cache"
+    foreign.mkdir()
+    (foreign / "ctbuild-cache.json").write_text('{"format": "ctbuild-cache", "version": 99}')
+    line = one_line_error(ctbuild("precompile", "--cache", str(foreign), cwd=project), 2)
+    assert "layout" in line and "99" in line
+    cache = tmp_path / "cache"
+    Store(cache).close()
+    proc = ctbuild("doctor", "--serving", "--cache", str(cache), cwd=project, CUDA_TILE_SOMETHING_NEW="1")
+    line = one_line_error(proc, 2)
+    assert "CUDA_TILE_SOMETHING_NEW" in line
+
+
+def closed_pipe_run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run ctbuild with stdout a pipe whose reader is already gone: every write fails (EPIPE)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", "ctbuild", *args], cwd=cwd, env=env(), stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+
+
+def test_output_into_a_closed_pipe_exits_quietly(project, tmp_path):
+    cache = tmp_path / "cache"
+    with Store(cache) as store:
+        for i in range(50):
+            store.put_compile(f"key{i}", b"x" * (i + 1), symbol="s", meta={"kernel": "k", "arch": "sm_90"})
+    for args in (("plan",), ("doctor", "--json"), ("cache", "ls", "--cache", str(cache))):
+        proc = closed_pipe_run(*args, cwd=project)
+        assert proc.returncode == 0 and proc.stderr.strip() == "", (args, proc.stderr)
+
+
+def test_plan_into_head_exits_0_without_traceback_20_of_20(project):
+    script = f"{sys.executable} -m ctbuild plan | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}"
+
+    def once(_: int) -> tuple[str, str]:
+        proc = subprocess.run(["bash", "-c", script], cwd=project, env=env(), capture_output=True, text=True,
+                              timeout=300)
+        return proc.stdout.strip(), proc.stderr
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(once, range(20)))
+    assert [code for code, _ in results] == ["0"] * 20, results
+    assert not [err for _, err in results if err.strip()], results
+
+
+def test_a_subcommand_imports_only_its_own_module(tmp_path):
+    cache = tmp_path / "cache"
+    Store(cache).close()
+    code = ("import sys; from ctbuild.cli import main; main(['cache', 'stats', '--cache', sys.argv[1]]); "
+            "loaded = sorted(m for m in sys.modules if m.startswith(('ctbuild.commands.', 'ray', 'ctbuild.farm')));"
+            "print('LOADED', loaded)")
+    proc = subprocess.run([sys.executable, "-c", code, str(cache)], env=env(), capture_output=True, text=True,
+                          timeout=120)
+    loaded = proc.stdout.split("LOADED", 1)[1]
+    assert "ctbuild.commands.cache" in loaded, proc.stdout + proc.stderr
+    for other in ("plan", "precompile", "tune", "doctor"):
+        assert f"ctbuild.commands.{other}'" not in loaded, loaded
+    assert "ray" not in loaded and "farm" not in loaded, loaded
