@@ -20,14 +20,15 @@ def test_failures_reported_isolated_and_not_cached(tmp_path):
     report.parent.mkdir()
     args = ("--config", str(FAULTY), "--cache", str(cache), "--compile-timeout", "3",
             "--workers", "2")
-    proc, seconds, _ = precompile(*args, "--report", str(report), env=HANG)
+    proc, _, _ = precompile(*args, "--report", str(report), env=HANG)  # timeout: hang guard
     assert proc.returncode == 1, explain(proc)
     text = proc.stdout
     assert "FAILED (3):" in text, explain(proc)
     assert "faulty sm_90 {TM=96, TK=64}: TypeCheckingError" in text
+    # both hangs were cut by the build's own timeouts (tileiras' on the worker, the driver's
+    # on a Python hang), not by the test's guard
     assert "faulty sm_90 {TM=1024, TK=512}: CompilerTimeoutError" in text
     assert "faulty sm_90 {TM=128, TK=64}: Timeout: no result after" in text
-    assert seconds < 120
 
     data = json.loads(report.read_text())
     rows = {(r["kernel"], r["config"].get("TM"), r["config"].get("TILE"),
