@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -98,31 +99,54 @@ def test_good_fixture_plans(tmp_path: Path) -> None:
     assert json.loads(proc.stdout)["jobs"] == 5  # 4 configs + the default config's generic CUBIN
 
 
-@pytest.mark.parametrize("kwargs,expected", [
+BAD_DECLARATIONS = [
     ({"grid_axis": "NOPE"}, "config has no axis 'NOPE'"),
     ({"where": ", where=lambda cfg, w, arch: cfg.TILE > 1000"}, "empty after pruning"),
     ({"default": '{"TILE": 32, "occupancy": 1}'}, "default TILE=32 is not one of that axis's values"),
     ({"where": ", where=lambda cfg: cfg.TILE == 128"}, "rejected by the constraint"),
     ({"where": ", where=lambda cfg: cfg.BAD == 1"}, "config has no axis 'BAD'"),
-])
-def test_bad_declaration_exits_2_naming_kernel(tmp_path: Path, kwargs: dict, expected: str
-                                               ) -> None:
-    proc = run_cli("plan", "--config", str(make_project(tmp_path, **kwargs)))
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "kernel 'copy'" in proc.stderr and expected in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-@pytest.mark.parametrize("toml,expected", [
+]
+MALFORMED_CONFIGS = [
     ('modules = ["badkern"\n', "not valid TOML"),
     ('modules = "badkern"\n', "'modules' must be a list"),
     ('modules = ["badkern"]\nbogus = 1\n', "unknown key 'bogus'"),
     ('modules = ["nosuchmodule"]\n', "cannot import module 'nosuchmodule'"),
     ('modules = ["badkern"]\narchs = ["sm_42"]\n', "unknown GPU arch 'sm_42'"),
     ('archs = ["sm_90"]\n', "no modules to import"),
-])
-def test_malformed_config_exits_2(tmp_path: Path, toml: str, expected: str) -> None:
-    proc = run_cli("plan", "--config", str(make_project(tmp_path, toml=toml)))
+]
+
+
+@pytest.fixture(scope="module")
+def bad_plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """`ctbuild plan` of every bad declaration and malformed config below, each in its own
+    project, two processes at a time (each is a second or two of imports on one core); the
+    tests check one each."""
+    projects = {f"decl{i}": {"kwargs": kwargs} for i, (kwargs, _) in enumerate(BAD_DECLARATIONS)}
+    projects.update({f"toml{i}": {"kwargs": {"toml": toml}}
+                     for i, (toml, _) in enumerate(MALFORMED_CONFIGS)})
+
+    def plan(name: str) -> object:
+        config = make_project(tmp_path_factory.mktemp(name), **projects[name]["kwargs"])
+        return run_cli("plan", "--config", str(config))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(projects, pool.map(plan, projects)))
+
+
+@pytest.mark.parametrize("case,expected", list(enumerate(e for _, e in BAD_DECLARATIONS)),
+                         ids=[f"kwargs{i}-{e}" for i, (_, e) in enumerate(BAD_DECLARATIONS)])
+def test_bad_declaration_exits_2_naming_kernel(bad_plans: dict, case: int, expected: str
+                                               ) -> None:
+    proc = bad_plans[f"decl{case}"]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "kernel 'copy'" in proc.stderr and expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("case,expected", list(enumerate(e for _, e in MALFORMED_CONFIGS)),
+                         ids=[f"{t}-{e}" for t, e in MALFORMED_CONFIGS])
+def test_malformed_config_exits_2(bad_plans: dict, case: int, expected: str) -> None:
+    proc = bad_plans[f"toml{case}"]
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert expected in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures" / "farm_project"))
@@ -52,27 +53,28 @@ def test_incremental_and_from_record(tmp_path):
 def test_bad_input_exits_2_and_writes_nothing(tmp_path):
     cache = tmp_path / "cache"
     base = ("--config", str(SMALL), "--cache", str(cache))
-    bad = tmp_path / "bad.jsonl"
+    bad, nope, mismatch = tmp_path / "bad.jsonl", tmp_path / "nope.jsonl", tmp_path / "mm.jsonl"
+    bad.write_text(_record(64) + "\n{oops\n")
+    nope.write_text(json.dumps({"kernel": "nope", "workload": {}, "arch": "sm_90"}) + "\n")
+    mismatch.write_text(json.dumps({"kernel": "scale", "workload": {"X": 1}, "arch": "sm_90"})
+                        + "\n")
     cases = [
         (("--workers", "0"), "must be >= 1"),
         (("--compile-timeout", "-1"), "must be > 0"),
         (("--arch", "sm_12"), "unknown GPU arch"),
         (("--report", str(tmp_path / "missing" / "r.json")), "does not exist"),
         (("--from-record", str(bad)), "bad.jsonl:2: not JSON"),
-        (("--from-record", str(tmp_path / "nope.jsonl")), "cannot read"),
+        (("--from-record", str(tmp_path / "nope.jsonl.absent")), "cannot read"),
         (("--from-record", "/dev/zero"), "/dev/zero:1: line longer than 64 KiB"),
+        (("--from-record", str(nope)), "no kernel named 'nope'"),
+        (("--from-record", str(mismatch)), "do not match scale's"),
     ]
-    bad.write_text(_record(64) + "\n{oops\n")
-    for args, message in cases:
-        proc, _, _ = precompile(*base, *args)
+    # independent processes, each refused before it writes anything: two at a time
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = list(pool.map(lambda case: precompile(*base, *case[0])[0], cases))
+    for (args, message), proc in zip(cases, procs):
         assert proc.returncode == 2, (args, explain(proc))
         assert message in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
-    bad.write_text(json.dumps({"kernel": "nope", "workload": {}, "arch": "sm_90"}) + "\n")
-    proc, _, _ = precompile(*base, "--from-record", str(bad))
-    assert proc.returncode == 2 and "no kernel named 'nope'" in proc.stderr
-    bad.write_text(json.dumps({"kernel": "scale", "workload": {"X": 1}, "arch": "sm_90"}) + "\n")
-    proc, _, _ = precompile(*base, "--from-record", str(bad))
-    assert proc.returncode == 2 and "do not match scale's" in proc.stderr
     assert not (tmp_path / "missing").exists()
     assert not cache.exists() or not any(Store(cache).compile_entries())

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import venv
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -146,11 +147,31 @@ def replay(stage: Stage, root: Path, bin_dir: Path, *, run_filter=lambda run: Tr
     return workdir, env
 
 
+def _runtime_stage(runtime: Stage, root: Path) -> tuple[Path, Path, dict[str, str]]:
+    """The runtime stage's own steps (a fresh venv, its COPYs, its install script): the
+    (bin dir, app dir, environment) they leave."""
+    runtime_bin = _fresh_venv(root / "runtime-venv")
+    app, renv = replay(runtime, root / "runtime-root", runtime_bin,
+                       run_filter=lambda run: not any(p.match(run) for p in SYSTEM_STEPS))
+    return runtime_bin, app, renv
+
+
 @pytest.mark.slow
 def test_build_and_runtime_stages_outside_docker(tmp_path: Path) -> None:
     stages = stages_by_name()
     build, runtime = stages["build"], stages["runtime"]
+    # The runtime stage installs while the build stage runs, as BuildKit runs the two stages:
+    # nothing of the build stage reaches it before its COPY --from=build (the cache, used
+    # below). Each pip install is mostly one core; together they use this machine's two.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        runtime_stage = pool.submit(_runtime_stage, runtime, tmp_path)
+        cache = _build_stage(build, tmp_path)
+        runtime_bin, app, renv = runtime_stage.result()
+    _serve_from_the_cache(runtime_bin, app, renv, cache)
 
+
+def _build_stage(build: Stage, tmp_path: Path) -> Path:
+    """The build stage's steps, checked; returns the cache it built."""
     # -- build stage: a fresh venv, the same COPYs, the same RUN steps --
     build_bin = _fresh_venv(tmp_path / "build-venv")
     src, env = replay(build, tmp_path / "build-root", build_bin)
@@ -182,11 +203,13 @@ def test_build_and_runtime_stages_outside_docker(tmp_path: Path) -> None:
     assert "imported examples/bundles/h100.tgz: " in proc.stdout, proc.stdout
     summary = json.loads(report.read_text())["summary"]
     assert summary["compiled"] == 0 and summary["cached"] == plan["jobs"], summary
+    return cache
 
-    # -- runtime stage: a second fresh venv, its install step; serves without tileiras --
-    runtime_bin = _fresh_venv(tmp_path / "runtime-venv")
-    app, renv = replay(runtime, tmp_path / "runtime-root", runtime_bin,
-                       run_filter=lambda run: not any(p.match(run) for p in SYSTEM_STEPS))
+
+def _serve_from_the_cache(runtime_bin: Path, app: Path, renv: dict[str, str], cache: Path
+                          ) -> None:
+    # -- runtime stage: its second fresh venv, with the build stage's cache; serves without
+    # tileiras --
     renv["CTBUILD_CACHE_DIR"] = str(cache)
     check = f"""
 import importlib.util, json

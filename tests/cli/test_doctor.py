@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
 from conftest import run_cli
 
 #: The installed cuda-tile (from its distribution's metadata, not from ctbuild) and the other
@@ -13,10 +15,19 @@ CUTILE = version("cuda-tile")
 OTHER_CUTILE = "1.7.0" if CUTILE.startswith("1.6.") else "1.6.0"
 
 
-def test_doctor_reports_toolchain(tmp_path: Path) -> None:
-    proc = run_cli("doctor", "--cache", str(tmp_path / "cache"), "--json")
+@pytest.fixture(scope="module")
+def build_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """`ctbuild doctor --json` on a build machine (no --serving), with a cache dir not made
+    yet: (that dir, the report), which several tests read (each run of doctor costs seconds
+    of torch and cuTile imports)."""
+    cache = tmp_path_factory.mktemp("doctor") / "cache"
+    proc = run_cli("doctor", "--cache", str(cache), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout)
+    return cache, json.loads(proc.stdout)
+
+
+def test_doctor_reports_toolchain(build_report: tuple[Path, dict]) -> None:
+    _, report = build_report
     assert report["cuda_tile"] == CUTILE
     assert len(report["toolchain"]["fingerprint"]) == 32
     assert Path(report["toolchain"]["paths"]["tileiras"]).name == "tileiras"
@@ -39,12 +50,15 @@ def test_unclassified_cutile_env_var_is_an_error(tmp_path: Path) -> None:
     assert "unclassified cuTile env var(s) CUDA_TILE_SOMETHING_NEW" in proc.stdout
 
 
-def test_key_env_var_changes_fingerprint(tmp_path: Path) -> None:
-    base = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path)).stdout)
-    debug = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path),
-                               env={"EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD": "1"}).stdout)
-    neutral = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path),
-                                 env={"CUDA_TILE_LOGS": "CUTILEIR"}).stdout)
+def test_key_env_var_changes_fingerprint(build_report: tuple[Path, dict]) -> None:
+    cache, base = build_report
+
+    def doctor(env: dict[str, str]) -> dict:
+        return json.loads(run_cli("doctor", "--json", "--cache", str(cache), env=env).stdout)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two independent processes at once
+        debug, neutral = pool.map(doctor, [{"EXPERIMENTAL_CUDA_TILE_DEBUG_BUILD": "1"},
+                                           {"CUDA_TILE_LOGS": "CUTILEIR"}])
     assert debug["toolchain"]["fingerprint"] != base["toolchain"]["fingerprint"]
     assert neutral["toolchain"]["fingerprint"] == base["toolchain"]["fingerprint"]
 
@@ -81,7 +95,9 @@ def test_serving_mode_checks_the_cache_toolchain(tmp_path: Path) -> None:
     assert not any("toolchain" in p for p in report["problems"])
 
 
-def test_doctor_says_which_hot_path_runs_and_why(tmp_path: Path, monkeypatch) -> None:
+def test_doctor_says_which_hot_path_runs_and_why(tmp_path: Path,
+                                                 build_report: tuple[Path, dict],
+                                                 monkeypatch) -> None:
     """On a serving node: the C hot path where it is built (as here, where a C compiler is),
     else why not; never a problem. A build machine's report leaves it out (no torch import)."""
     from ctbuild.serve import layout_guard
@@ -89,8 +105,7 @@ def test_doctor_says_which_hot_path_runs_and_why(tmp_path: Path, monkeypatch) ->
     want = "C (" if layout_guard.native_guard() is not None else "Python"
     assert on["hot_path"].startswith(want)
     assert not any("hot path" in p or "C module" in p for p in on["problems"])
-    build = json.loads(run_cli("doctor", "--json", "--cache", str(tmp_path)).stdout)
-    assert "hot_path" not in build
+    assert "hot_path" not in build_report[1]
     monkeypatch.setenv("CTBUILD_NATIVE_GUARD", "0")  # what doctor reads, in this process
     layout_guard.native_guard.cache_clear()
     try:

@@ -117,7 +117,14 @@ def test_output_into_a_closed_pipe_exits_quietly(project, tmp_path):
         assert proc.returncode == 0 and proc.stderr.strip() == "", (args, proc.stderr)
 
 
-def test_plan_into_head_exits_0_without_traceback_20_of_20(project):
+#: Runs of `plan | head -1`. Whether plan's later writes find head gone is a race; the case of
+#: every write failing is checked deterministically above (a reader gone from the start), so
+#: these runs only need a few draws of the race, four at a time so they overlap differently.
+#: (20 runs took a third of this module's time.)
+HEAD_RUNS = 8
+
+
+def test_plan_into_head_exits_0_without_traceback(project):
     script = f"{sys.executable} -m ctbuild plan | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}"
 
     def once(_: int) -> tuple[str, str]:
@@ -126,8 +133,8 @@ def test_plan_into_head_exits_0_without_traceback_20_of_20(project):
         return proc.stdout.strip(), proc.stderr
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(once, range(20)))
-    assert [code for code, _ in results] == ["0"] * 20, results
+        results = list(pool.map(once, range(HEAD_RUNS)))
+    assert [code for code, _ in results] == ["0"] * HEAD_RUNS, results
     assert not [err for _, err in results if err.strip()], results
 
 
