@@ -45,8 +45,12 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def host_tensors(w: Any, device: str = "cpu", seed: int = 0) -> tuple:
-    """Real arguments (positional, in the kernel's call order) for a spec workload."""
+def host_tensors(w: Any, device: str = "cpu", seed: int = 0, values: bool = True) -> tuple:
+    """Real arguments (positional, in the kernel's call order) for a spec workload.
+
+    ``values=False``: the same tensors with their memory left as allocated, for callers whose
+    launch is stubbed and reads no value (filling a 4096 x 4096 matrix with random values takes
+    a large part of a second)."""
     import torch
 
     from ctbuild import Scalar, Tensor
@@ -55,7 +59,8 @@ def host_tensors(w: Any, device: str = "cpu", seed: int = 0) -> tuple:
     for v in w.values():
         if isinstance(v, Tensor):
             t = torch.empty_strided(v.shape, v.strides, dtype=torch.float32)
-            t.copy_(torch.rand(v.shape, generator=g) * 2 - 1)
+            if values:
+                t.copy_(torch.rand(v.shape, generator=g) * 2 - 1)
             out.append(t.to(device=device, dtype=torch_dtype(v.dtype)))
         elif isinstance(v, Scalar):
             out.append(v.value())

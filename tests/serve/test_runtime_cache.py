@@ -102,7 +102,7 @@ def test_sixteen_threads_build_one_served_kernel_per_config(store: Store) -> Non
             barrier.wait()
             for cfg in configs[i % 3:] + configs[: i % 3]:
                 got[i].append(rt.served_kernel(cfg))
-            args = host_tensors(tuned.workloads[i % 2])
+            args = host_tensors(tuned.workloads[i % 2], values=False)  # resolve reads none
             got[i].append(rt.resolve(args, arch="sm_90", gpu=GPU).served)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
