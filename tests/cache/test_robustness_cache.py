@@ -158,7 +158,8 @@ def examples():
 def resolve(kernels, name: str):
     from gpu_runtime_examples import host_tensors
     tuned = kernels[name]
-    return tuned.runtime.resolve(host_tensors(tuned.workloads[0]), arch="sm_90", gpu="NVIDIA H100 80GB HBM3")
+    return tuned.runtime.resolve(host_tensors(tuned.workloads[0], values=False), arch="sm_90",
+                                 gpu="NVIDIA H100 80GB HBM3")
 
 
 def test_runtime_on_a_damaged_cache_falls_back_in_default_and_says_so_in_strict(runtime_store, examples):

@@ -57,7 +57,7 @@ def put_cubin(store: Store, name: str, cfg_json: dict, w: Workload | None = None
 
 def resolve(name: str, **kw):
     tuned = KERNELS[name]
-    return tuned.runtime.resolve(host_tensors(tuned.workloads[0]), arch="sm_90", gpu=GPU, **kw)
+    return tuned.runtime.resolve(host_tensors(tuned.workloads[0], values=False), arch="sm_90", gpu=GPU, **kw)
 
 
 def test_strict_tuning_miss_is_counted_and_served_when_a_cubin_covers(
@@ -144,7 +144,7 @@ def test_record_file_is_not_repeated_across_processes(store: Store, tmp_path: Pa
     resolve("silu_mul")
     assert len(record.read_text().splitlines()) == 1
     tuned = KERNELS["silu_mul"]
-    tuned.runtime.resolve(host_tensors(tuned.workloads[1]), arch="sm_90", gpu=GPU)
+    tuned.runtime.resolve(host_tensors(tuned.workloads[1], values=False), arch="sm_90", gpu=GPU)
     assert len(record.read_text().splitlines()) == 2
 
 
@@ -195,7 +195,7 @@ def test_no_toolchain_in_cache_means_every_cubin_misses(tmp_path: Path) -> None:
 def test_host_tensors_and_bad_arguments_name_the_kernel(store: Store) -> None:
     runtime.configure(store=store)
     tuned = KERNELS["matmul"]
-    args = host_tensors(tuned.workloads[0])
+    args = host_tensors(tuned.workloads[0], values=False)
     with pytest.raises(runtime.KernelCallError, match="kernel 'matmul'.*'A' is a cpu tensor"):
         tuned(*args)
     with pytest.raises(TypeError, match="kernel 'matmul'"):
