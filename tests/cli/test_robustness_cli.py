@@ -56,30 +56,54 @@ BROKEN_KERNELS = [
 ]
 
 
+def at_once(calls: list[tuple[tuple[str, ...], Path]]) -> list[subprocess.CompletedProcess]:
+    """``ctbuild ARGS`` in each (ARGS, cwd), two processes at a time: independent runs of a
+    second or two of imports on one core each."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda call: ctbuild(*call[0], cwd=call[1]), calls))
+
+
+@pytest.fixture(scope="module")
+def broken_plans(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """`ctbuild plan` of the fixture project with each of `BROKEN_KERNELS` (a copy each)."""
+    projects = []
+    for what, change, _ in BROKEN_KERNELS:
+        project = tmp_path_factory.mktemp("broken") / "project"
+        shutil.copytree(PROJECT, project)
+        source = project / KERNEL
+        text = source.read_text()
+        assert change[0] in text, what
+        source.write_text(text.replace(change[0], change[1], 1))
+        projects.append(project)
+    procs = at_once([(("plan",), project) for project in projects])
+    return {what: proc for (what, _, _), proc in zip(BROKEN_KERNELS, procs)}
+
+
 @pytest.mark.parametrize("what, change, named", BROKEN_KERNELS, ids=[b[0] for b in BROKEN_KERNELS])
-def test_a_broken_kernel_module_is_one_line_naming_file_and_line(project, what, change, named):
-    source = project / KERNEL
-    text = source.read_text()
-    assert change[0] in text
-    source.write_text(text.replace(change[0], change[1], 1))
-    line = one_line_error(ctbuild("plan", cwd=project), 2)
+def test_a_broken_kernel_module_is_one_line_naming_file_and_line(broken_plans, what, change, named):
+    line = one_line_error(broken_plans[what], 2)
     for word in named:
         assert word in line, line
 
 
 def test_bad_flags_and_config_paths_are_refused_with_a_clear_message(project, tmp_path):
-    for bad in ("sm_90,,", ""):
-        line = one_line_error(ctbuild("plan", "--arch", bad, cwd=project), 2)
-        assert "empty arch" in line
-    line = one_line_error(ctbuild("precompile", "--compile-timeout", "inf", cwd=project), 2)
-    assert "finite" in line
-    line = one_line_error(ctbuild("plan", "--config", str(project.parent), cwd=project), 2)
-    assert "is a directory" in line
-    line = one_line_error(ctbuild("plan", "--config", str(project), cwd=tmp_path), 2)
-    assert "is a directory" in line and f"--config {project / 'ctbuild.toml'}" in line
     empty = tmp_path / "empty"
     empty.mkdir()
-    line = one_line_error(ctbuild("plan", cwd=empty), 2)
+    arch1, arch2, timeout, parent, dir_config, no_config = at_once([
+        (("plan", "--arch", "sm_90,,"), project),
+        (("plan", "--arch", ""), project),
+        (("precompile", "--compile-timeout", "inf"), project),
+        (("plan", "--config", str(project.parent)), project),
+        (("plan", "--config", str(project)), tmp_path),
+        (("plan",), empty),
+    ])
+    for proc in (arch1, arch2):
+        assert "empty arch" in one_line_error(proc, 2)
+    assert "finite" in one_line_error(timeout, 2)
+    assert "is a directory" in one_line_error(parent, 2)
+    line = one_line_error(dir_config, 2)
+    assert "is a directory" in line and f"--config {project / 'ctbuild.toml'}" in line
+    line = one_line_error(no_config, 2)
     assert "no config file found" in line and str(empty) in line
 
 

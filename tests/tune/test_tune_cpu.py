@@ -4,6 +4,7 @@ fake ``exhaustive_search`` (the GPU tests in test_tune_gpu.py run the real one).
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ROOT, run_cli
@@ -267,17 +268,31 @@ def test_cli_help_lists_options():
         assert opt in r.stdout
 
 
-@pytest.mark.parametrize("args,needle", [
+BAD_ARGUMENTS = [
     (("--timeout", "-1"), "must be > 0"),
     (("--timeout", "soon"), "not a number"),
     (("--kernel", "nope"), "unknown kernel"),
     (("--config", "/nonexistent/ctbuild.toml"), "does not exist"),
     (("--tie-band", "60"), "outside (0, 50)"),
     (("--gpus", "7"), "GPU 7, which is not there"),
-])
-def test_cli_bad_arguments_exit_2(args, needle, tmp_path):
-    r = run_cli("tune", "--config", str(FIXTURE / "ctbuild.toml"), "--cache", str(tmp_path),
-                *args)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_tune_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, object]:
+    """`ctbuild tune` with each of `BAD_ARGUMENTS` (each its own empty cache), two processes at
+    a time: each is seconds of imports on one core, and the tests check one each."""
+    def tune(args: tuple) -> object:
+        return run_cli("tune", "--config", str(FIXTURE / "ctbuild.toml"), "--cache",
+                       str(tmp_path_factory.mktemp("cache")), *args)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip((a for a, _ in BAD_ARGUMENTS), pool.map(tune, (a for a, _ in BAD_ARGUMENTS))))
+
+
+@pytest.mark.parametrize("args,needle", BAD_ARGUMENTS)
+def test_cli_bad_arguments_exit_2(args, needle, bad_tune_runs):
+    r = bad_tune_runs[args]
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr
 
