@@ -5,6 +5,7 @@ workloads."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cuda.tile as ct
@@ -86,7 +87,9 @@ def test_weaken_is_deterministic_and_normalises_size_one(cov) -> None:
 
 
 def test_plan_coverage_json_and_summary(cov) -> None:
-    proc = run_cli("plan", "--config", str(PROJECT / "ctbuild.toml"), "--json")
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the JSON and the text plan at once
+        proc, text = pool.map(lambda extra: run_cli("plan", "--config", str(PROJECT / "ctbuild.toml"),
+                                                    *extra), [("--json",), ()])
     assert proc.returncode == 0, proc.stderr
     kernels = {k["name"]: k for k in json.loads(proc.stdout)["kernels"]}
     mm = kernels["dyn_matmul"]["coverage"]
@@ -96,7 +99,6 @@ def test_plan_coverage_json_and_summary(cov) -> None:
     add = kernels["dyn_add"]["coverage"]
     assert add["buckets"] == 6 and add["classes"]["relaxed"] >= 1
     assert mm["uncoverable_constants"] == []
-    text = run_cli("plan", "--config", str(PROJECT / "ctbuild.toml"))
     assert text.returncode == 0 and "M in [1, 8192]" in text.stdout and "generic" in text.stdout
 
 
