@@ -107,7 +107,13 @@ def test_the_farm_re_ranks_jobs_not_yet_handed_out_when_estimates_change(tmp_pat
 
 def test_two_long_jobs_never_queue_on_one_worker_while_another_is_idle(tmp_path):
     cost = {"h1": 10.0, "h2": 9.0}
-    jobs = [{"key": k, "payload": k, "sleep": 3.0 if k in cost else 0.0}
+    # each long job lasts until the other has begun: at once on two workers, and until the
+    # guard (then the check below fails) were one queued behind the other
+    started = {k: str(tmp_path / f"{k}.started") for k in cost}
+    jobs = [{"key": k, "payload": k, "mark": started["h1"], "until": started["h2"]}
+            if k == "h1" else
+            {"key": k, "payload": k, "mark": started["h2"], "until": started["h1"]}
+            if k == "h2" else {"key": k, "payload": k}
             for k in ("h1", "h2", "s1", "s2", "s3", "s4")]
     with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=2,
               sys_paths=[str(FIXTURE)], estimate=lambda j: cost.get(j["key"], 0.1)) as farm:
@@ -133,12 +139,21 @@ def test_each_unrecorded_kernels_largest_config_is_assumed_as_long_as_the_longes
 
 
 def test_nothing_queues_behind_a_long_job_while_another_worker_can_take_it(tmp_path):
-    jobs = [{"key": k, "payload": k, "sleep": 4.0 if k == "h" else 0.0}
-            for k in ["h", *(f"s{i}" for i in range(20))]]
+    # the long job lasts until every small one is in (until the guard, were one behind it)
+    small_done = tmp_path / "small-done"
+    jobs = [{"key": "h", "payload": "h", "until": str(small_done)},
+            *({"key": f"s{i}", "payload": f"s{i}"} for i in range(20))]
+    done: list[str] = []
+
+    def on_record(rec: JobRecord) -> None:
+        done.append(rec.key)
+        if len(done) == 20 and "h" not in done:
+            small_done.touch()
+
     with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=2, max_batch=2,
               sys_paths=[str(FIXTURE)], estimate=lambda j: 10.0 if j["key"] == "h" else 0.1
               ) as farm:
-        result = farm.run(jobs)
+        result = farm.run(jobs, on_record=on_record)
     by_key = {r.key: r for r in result.records}
     assert result.count("compiled") == 21
     # the small jobs all went to the other worker, none waited behind the 4 s job
@@ -147,7 +162,7 @@ def test_nothing_queues_behind_a_long_job_while_another_worker_can_take_it(tmp_p
 
 def test_records_say_when_each_job_ran_after_the_first_worker_was_ready(tmp_path):
     log = tmp_path / "compiles.log"  # every compile's begin and end, in their real order
-    jobs = [{"key": k, "payload": k, "sleep": 0.5, "log": str(log)} for k in ("j1", "j2", "j3")]
+    jobs = [{"key": k, "payload": k, "sleep": 0.1, "log": str(log)} for k in ("j1", "j2", "j3")]
     with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=1, max_batch=1,
               sys_paths=[str(FIXTURE)], estimate=lambda j: {"j1": 3, "j2": 2}.get(j["key"], 1)
               ) as farm:
