@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
@@ -68,6 +71,16 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None):
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "ctbuild", *args], capture_output=True,
                           text=True, cwd=cwd or ROOT, env=full_env, timeout=600)
+
+
+def at_once(*calls: Callable[[], T]) -> list[T]:
+    """Independent calls, two at a time; their results in order. Most of a CLI test's time is
+    one child process importing torch and cuTile on one core, and the suite runs one test at a
+    time: two such children at once use the other core of a 2-core machine."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result() for f in futures]
 
 
 #: The toolchain fingerprint runtime tests record in their caches.

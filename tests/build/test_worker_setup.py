@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import at_once
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -44,8 +45,8 @@ def _build(mode: str, tmp_path: Path) -> dict:
 
 def test_a_worker_without_torch_builds_the_same_bytes(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    hidden = _build("plain", tmp_path)
-    loaded = _build("with-torch", tmp_path)
+    hidden, loaded = at_once(lambda: _build("plain", tmp_path),
+                             lambda: _build("with-torch", tmp_path))
     assert hidden["torch"] is False  # the worker's start-up never imported torch
     assert loaded["torch"] is True
     assert hidden["toolchain"] == loaded["toolchain"] and hidden["key"] == loaded["key"]

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import at_once
 
 from ctbuild.cache import Store
 
@@ -56,11 +57,9 @@ BROKEN_KERNELS = [
 ]
 
 
-def at_once(calls: list[tuple[tuple[str, ...], Path]]) -> list[subprocess.CompletedProcess]:
-    """``ctbuild ARGS`` in each (ARGS, cwd), two processes at a time: independent runs of a
-    second or two of imports on one core each."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(lambda call: ctbuild(*call[0], cwd=call[1]), calls))
+def ctbuild_at_once(calls: list[tuple[tuple[str, ...], Path]]) -> list[subprocess.CompletedProcess]:
+    """``ctbuild ARGS`` in each (ARGS, cwd), two processes at a time (`at_once`)."""
+    return at_once(*(lambda call=call: ctbuild(*call[0], cwd=call[1]) for call in calls))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +74,7 @@ def broken_plans(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
         assert change[0] in text, what
         source.write_text(text.replace(change[0], change[1], 1))
         projects.append(project)
-    procs = at_once([(("plan",), project) for project in projects])
+    procs = ctbuild_at_once([(("plan",), project) for project in projects])
     return {what: proc for (what, _, _), proc in zip(BROKEN_KERNELS, procs)}
 
 
@@ -89,7 +88,7 @@ def test_a_broken_kernel_module_is_one_line_naming_file_and_line(broken_plans, w
 def test_bad_flags_and_config_paths_are_refused_with_a_clear_message(project, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    arch1, arch2, timeout, parent, dir_config, no_config = at_once([
+    arch1, arch2, timeout, parent, dir_config, no_config = ctbuild_at_once([
         (("plan", "--arch", "sm_90,,"), project),
         (("plan", "--arch", ""), project),
         (("precompile", "--compile-timeout", "inf"), project),
@@ -111,12 +110,15 @@ def test_cache_errors_and_unknown_cuda_tile_vars_are_one_line(project, tmp_path)
     foreign = tmp_path / "foreign-cache"
     foreign.mkdir()
     (foreign / "ctbuild-cache.json").write_text('{"format": "ctbuild-cache", "version": 99}')
-    line = one_line_error(ctbuild("precompile", "--cache", str(foreign), cwd=project), 2)
-    assert "layout" in line and "99" in line
     cache = tmp_path / "cache"
     Store(cache).close()
-    proc = ctbuild("doctor", "--serving", "--cache", str(cache), cwd=project, CUDA_TILE_SOMETHING_NEW="1")
-    line = one_line_error(proc, 2)
+    foreign_run, doctor = at_once(
+        lambda: ctbuild("precompile", "--cache", str(foreign), cwd=project),
+        lambda: ctbuild("doctor", "--serving", "--cache", str(cache), cwd=project,
+                        CUDA_TILE_SOMETHING_NEW="1"))
+    line = one_line_error(foreign_run, 2)
+    assert "layout" in line and "99" in line
+    line = one_line_error(doctor, 2)
     assert "CUDA_TILE_SOMETHING_NEW" in line
 
 
@@ -136,16 +138,18 @@ def test_output_into_a_closed_pipe_exits_quietly(project, tmp_path):
     with Store(cache) as store:
         for i in range(50):
             store.put_compile(f"key{i}", b"x" * (i + 1), symbol="s", meta={"kernel": "k", "arch": "sm_90"})
-    for args in (("plan",), ("doctor", "--json"), ("cache", "ls", "--cache", str(cache))):
-        proc = closed_pipe_run(*args, cwd=project)
+    runs = [("plan",), ("doctor", "--json"), ("cache", "ls", "--cache", str(cache))]
+    procs = at_once(*(lambda args=args: closed_pipe_run(*args, cwd=project) for args in runs))
+    for args, proc in zip(runs, procs):
         assert proc.returncode == 0 and proc.stderr.strip() == "", (args, proc.stderr)
 
 
-#: Runs of `plan | head -1`. Whether plan's later writes find head gone is a race; the case of
-#: every write failing is checked deterministically above (a reader gone from the start), so
-#: these runs only need a few draws of the race, four at a time so they overlap differently.
-#: (20 runs took a third of this module's time.)
-HEAD_RUNS = 8
+#: Runs of `plan | head -1`, all at once. Whether plan's later writes find head gone is a race;
+#: the case of every write failing is checked deterministically above (a reader gone from the
+#: start) and both end in the same handler, so these runs are a few draws of the race as a
+#: user's pipe has it, not a search for it. (20 runs, four at a time, took a third of this
+#: module's time: each is seconds of imports.)
+HEAD_RUNS = 4
 
 
 def test_plan_into_head_exits_0_without_traceback(project):

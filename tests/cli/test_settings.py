@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import at_once, run_cli
 
 from ctbuild import settings
 from ctbuild.project import load_project
@@ -106,13 +106,14 @@ def test_doctor_and_cache_stats_say_which_cache_and_why(layout: Path) -> None:
     from ctbuild.cache import Store
     proj = layout / "proj"
     Store(proj / "built").close()
-    stats = run_cli("cache", "stats", cwd=proj / "pkg")
+    stats, doctor, bad = at_once(
+        lambda: run_cli("cache", "stats", cwd=proj / "pkg"),
+        lambda: run_cli("doctor", "--serving", "--json", cwd=proj / "pkg"),
+        lambda: run_cli("cache", "stats", cwd=proj, env={settings.CONFIG_ENV: str(layout / "nope")}))
     assert stats.returncode == 0, stats.stderr
     first = stats.stdout.splitlines()[0]
     assert first == f"cache        {proj / 'built'} (cache_dir in {proj / 'ctbuild.toml'}), writable"
-    doctor = run_cli("doctor", "--serving", "--json", cwd=proj / "pkg")
     report = json.loads(doctor.stdout)
     assert report["cache"]["dir"] == str(proj / "built")
     assert report["cache"]["from"] == f"cache_dir in {proj / 'ctbuild.toml'}"
-    bad = run_cli("cache", "stats", cwd=proj, env={settings.CONFIG_ENV: str(layout / "nope")})
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "CTBUILD_CONFIG" in bad.stderr
