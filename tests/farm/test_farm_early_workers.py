@@ -64,7 +64,7 @@ def test_local_workers_compile_until_rays_workers_take_over(tmp_path):
     assert by_pid.get(local), "the local worker compiled nothing"
     assert set(by_pid) - {local}, "Ray's workers compiled nothing"
     events = read_log(log)
-    assert sorted(k for sign, k, _ in events if sign == "+") == sorted(j["key"] for j in jobs)
+    assert {k for sign, k, _ in events if sign == "+"} == {j["key"] for j in jobs}
     # ... and it took no more jobs once a Ray worker was up: only the batch it held then
     first_ray = next(i for i, (sign, _, pid) in enumerate(events) if sign == "+" and pid != local)
     local_after = [k for sign, k, pid in events[first_ray:] if sign == "+" and pid == local]
