@@ -2,8 +2,8 @@
 
 The runtime looks CUBINs up by the signature the C++ dispatcher computes from real tensors; the
 build computes it from `Tensor` specs. If the two disagree by one field the CUBIN is never found,
-so these rules mirror the dispatcher exactly. `tests/test_signature_parity.py` checks them against
-cuTile's own extension (running on a stub libcuda) for a few hundred generated cases, and
+so these rules mirror the dispatcher exactly. `tests/serve/test_signature_parity.py` checks them
+against cuTile's own extension (running on a stub libcuda) for a few hundred generated cases, and
 `tests/gpu/parity_on_gpu.py` against real CUDA tensors.
 
 Rules of the cuTile 1.7.0 dispatcher (found by probing it; each one was a parity failure first):

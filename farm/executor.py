@@ -126,8 +126,8 @@ class Farm:
         driver.run(todo)
         result.startup_seconds = pool.startup_seconds
         result.startup_steps = {k: round(v, 3) for k, v in pool.startup_steps.items()}
+        pool.end_run()  # closes the slots first: no worker-second is counted after the run ends
         result.run_seconds = time.monotonic() - (pool.first_ready or began)
-        pool.end_run()
         result.worker_seconds = pool.worker_seconds
         result.workers = pool.ray_slots
         result.early_workers = pool.early_workers
