@@ -33,8 +33,13 @@ examples: $(STAMP)  ## precompile the example kernels on an embedded Ray into $(
 plan: $(STAMP)
 	$(VENV)/bin/ctbuild plan --config examples/ctbuild.toml
 
+# The suite runs its test files on TEST_WORKERS processes (pytest-xdist, a file's tests on one
+# worker so module fixtures are built once): most end-to-end tests wait on subprocesses, and two
+# workers on the 2-core CI machine take about 6 minutes where one takes about 8.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)  ## the whole CPU suite (GPU tests skip without a GPU)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # What depends on cuTile's internals: its private hooks, the signature rules (parity with its
 # own dispatcher on a stub libcuda), kernel identity and keys through real compiles, and a

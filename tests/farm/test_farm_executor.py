@@ -56,7 +56,11 @@ def test_generic_jobs_failures_isolated_and_never_cached(tmp_path):
     # reports "cached", so the exact split between the two statuses is not asserted.)
     landed = {r.key for r in result.records if r.status in ("compiled", "cached")}
     assert landed == {f"k{i:03d}" for i, a in enumerate(actions) if a == "ok"}, result.records
-    assert {i["slot"] for i in result.worker_info} == {"w0", "w1"}
+    # every worker that compiled a job reported its set-up, under its slot's name (which slots
+    # report is timing: one Ray worker may still be warming when twenty quick jobs are done)
+    reported = {i["worker"]: i["slot"] for i in result.worker_info}
+    assert reported and set(reported.values()) <= {"w0", "w1"}
+    assert {r.worker for r in result.records if r.status == "compiled"} <= set(reported)
     assert all(i["pid_env"] == i["slot"] for i in result.worker_info)  # FARM_WORKER is set
     with Store(tmp_path / "c") as store:
         for r in result.records:
