@@ -199,7 +199,11 @@ def child_processes(parent: int) -> list[tuple[int, str]]:
     return out
 
 
-def _check_reachable(address: str, timeout: float = 10.0) -> None:
+#: Seconds `_check_reachable` waits for a TCP connection to ``--address`` before the build fails.
+REACHABLE_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str, timeout: float = REACHABLE_TIMEOUT_S) -> None:
     """Fail fast when nothing listens at a host:port address (Ray itself retries for minutes)."""
     if "://" in address:
         return
