@@ -75,8 +75,9 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None):
 
 def at_once(*calls: Callable[[], T]) -> list[T]:
     """Independent calls, two at a time; their results in order. Most of a CLI test's time is
-    one child process importing torch and cuTile on one core, and the suite runs one test at a
-    time: two such children at once use the other core of a 2-core machine."""
+    one child process importing torch and cuTile on one core: two such children at once keep a
+    core busy that would wait (also under `make test`'s two workers, whose files often wait on
+    one child each)."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(call) for call in calls]
