@@ -53,7 +53,9 @@ def toolchain_fingerprint() -> tuple[str, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..cutile import load_compiler_without_torch
     project = project_from_args(args)
+    load_compiler_without_torch()  # the body check's front end needs no torch: ~1 s sooner
     kernels = select_kernels(project.kernels(), args.kernels)
     fp, problem = toolchain_fingerprint()
     plan = make_plan(kernels, project.archs, fp, project.cap, generic=project.generic,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import cuda.tile as ct
 
+from ..cutile import load_module
 from . import provenance
 from .context import RuntimeContext, configure, context, reset, stats
 from .declaration_reads import KEY_LEVELS
@@ -200,7 +201,20 @@ class KernelRuntime:
                 self._key_at_least("alignment")
                 return self._resolve_and_launch(stream, args)
 
-    def _resolve_and_launch(self, stream: Any, args: tuple) -> None:
+    def prepare(self, args: tuple) -> Entry | None:
+        """Make the entry a call of ``args`` would, launching nothing: resolve it, have cuTile
+        load its module (`cutile.load_module`), publish it in the memo and table. A later call
+        of that layout then takes the hot path and launches at once. `preload` calls it with
+        stand-ins of each tuning record's workload (`standins`). None when such a call has an
+        entry already or cannot be keyed."""
+        with self._lock:
+            key = self._memo_key(args)
+            if key is None or key in self._fast:
+                return None
+            self._resolve_and_launch(None, args, load_only=True)
+            return self._fast.get(self._memo_key(args) or ())
+
+    def _resolve_and_launch(self, stream: Any, args: tuple, load_only: bool = False) -> None:
         key = self._memo_key(args)
         entry = self._fast.get(key) if key is not None else None
         if entry is not None:  # another thread resolved this layout while we waited
@@ -223,9 +237,13 @@ class KernelRuntime:
                       partial(_kernel_args, self.tuned, res.config), res.device,
                       self._zero_idx)
         with self.ctx.policy.first_launch(self.name, res.workload_json, res.arch,
-                                          res.cubin_from, res.cubin_class) as launched, \
-                LEDGER.first("first_launch"):
-            self._launch(entry, stream, args)
+                                          res.cubin_from, res.cubin_class) as launched:
+            if load_only:
+                if not entry.empty:
+                    load_module(self._stream_of(entry.device), entry.kernel, entry.build(args))
+            else:
+                with LEDGER.first("first_launch"):
+                    self._launch(entry, stream, args)
         entry.info = provenance.describe(res, launched.cubin_from, launched.cubin_class)
         if key is not None:
             if len(self._fast) >= MAX_FAST_ENTRIES:

@@ -1,31 +1,39 @@
 """Reading a GPU's tuned CUBINs before the first call: ``ctbuild.runtime.preload()``.
 
-A first call pays for the cache's opening, the CUDA context, its
-tuning record and CUBIN (read from disk and re-hashed) and resolving it. `preload` does all of
-that ahead, on a thread by default: it reads every tuning record of this GPU (its arch and
+A first call pays for the cache's opening, the CUDA context, its tuning record and CUBIN (read
+from disk and re-hashed), resolving it, and the driver's load of its module. `preload` does all
+of that ahead, on a thread by default: it reads every tuning record of this GPU (its arch and
 name, the cache's toolchain; only the named kernels' where ``kernels`` is given), holds each
-record and its winner's verified CUBIN in memory (`cache_reader.CacheReader`), and resolves each
-record's workload of the kernels already declared, which leaves their winners, served kernels
-and CUBIN covers remembered. A preloaded kernel's first call then reads nothing from disk; what
-stays in it is its own resolution from memory and, in cuTile's launch, the driver's module load
-(``cuModuleLoadData``, about 0.1 ms per CUBIN): cuTile loads modules in its dispatcher. It also
-walks cuTile's launch path once without launching (`ctbuild.cutile.walk_launch_path`): the
-dispatcher's own first-launch set-up and the symbol mangler's first use, about 3 ms that the
-first served call would otherwise pay.
+record and its winner's verified CUBIN in memory (`cache_reader.CacheReader`), and for each
+record whose kernel is declared makes the hot-path entry its workload's calls will take
+(`KernelRuntime.prepare`, on stand-ins of its tensors: `standins`), which has cuTile load the
+module it launches (`ctbuild.cutile.load_module`, nothing runs). A preloaded kernel's first
+call of a preloaded layout then takes the hot path: no resolving, no disk, no module load.
+Another layout of it (a `Dim` size between bucket representatives, another scalar value)
+resolves from memory. It also walks cuTile's launch path once without launching
+(`ctbuild.cutile.walk_launch_path`), for kernels it cannot prepare.
 
 Bounded: at most `MAX_RECORDS` records and `MAX_BYTES` of CUBINs are held (a held CUBIN is
 dropped once served). With 10,000 records for one GPU, reading and checking them takes a few
-hundred milliseconds on the thread; the first 4,096 (ordered by kernel name) are held and the
-rest are reported as ``left`` and read from disk at their first call, as without preload.
+hundred milliseconds on the thread; the first 4,096 (ordered by kernel name) are held, their
+modules loaded (each its CUBIN's code in GPU memory, tens of KB), and the rest are reported as
+``left`` and read from disk at their first call, as without preload.
 ``CTBUILD_PRELOAD=1`` starts it when ``ctbuild`` is imported.
 """
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .standins import StandIns
+
+if TYPE_CHECKING:
+    from ..declare import TunedKernel
+    from .entry import Entry
 
 log = logging.getLogger("ctbuild.runtime")
 
@@ -34,13 +42,18 @@ PRELOAD_ENV = "CTBUILD_PRELOAD"
 MAX_RECORDS = 4096
 #: Most CUBIN bytes one preload holds.
 MAX_BYTES = 512 << 20
+#: How long the preload ``CTBUILD_PRELOAD=1`` starts at import waits for the kernels of its
+#: records to be declared, their modules imported, before it leaves the rest to their first
+#: calls (it checks every `POLL_S`).
+WAIT_FOR_KERNELS_S = 30.0
+POLL_S = 0.02
 
 
 class Preload:
     """A preload in progress or done: `wait` returns its report (a dict: ``records``,
-    ``cubins``, ``bytes``, ``resolved``, ``left``, ``missing``, ``seconds``, ``gpu``,
-    ``arch``, ``launch_path`` (whether cuTile's launch path was readied), and ``error`` where
-    it could not run)."""
+    ``cubins``, ``bytes``, ``resolved`` (hot-path entries made), ``modules`` (modules cuTile
+    loaded for them), ``left``, ``missing``, ``seconds``, ``gpu``, ``arch``, ``launch_path``
+    (whether cuTile's launch path was readied), and ``error`` where it could not run)."""
 
     def __init__(self) -> None:
         self.report: dict[str, Any] = {}
@@ -51,23 +64,26 @@ class Preload:
         return self.report
 
 
-def preload(kernels: Iterable[Any] | None = None, *, background: bool = True) -> Preload:
+def preload(kernels: Iterable[Any] | None = None, *, background: bool = True,
+            wait_for_kernels: float = 0.0) -> Preload:
     """Read every tuned CUBIN of this GPU (or of the named kernels: names or declared
-    kernels) into memory before the first call; see the module doc."""
+    kernels) into memory and make their calls' hot-path entries before the first call; see
+    the module doc. ``wait_for_kernels``: seconds to wait for kernels not yet declared (or
+    whose module is still being imported) before leaving them to their first calls."""
     names = None if kernels is None else {getattr(k, "name", k) for k in kernels}
     job = Preload()
     if background:
-        threading.Thread(target=_run, args=(job, names), name="ctbuild-preload",
-                         daemon=True).start()
+        threading.Thread(target=_run, args=(job, names, wait_for_kernels),
+                         name="ctbuild-preload", daemon=True).start()
     else:
-        _run(job, names)
+        _run(job, names, wait_for_kernels)
     return job
 
 
-def _run(job: Preload, names: set[str] | None) -> None:
+def _run(job: Preload, names: set[str] | None, wait_s: float) -> None:
     t0 = time.perf_counter()
     try:
-        job.report = _load(names)
+        job.report = _load(names, wait_s)
     except Exception as exc:  # noqa: BLE001 - a preload never breaks the service
         log.warning("ctbuild: preload failed: %s", exc)
         job.report = {"error": str(exc)}
@@ -76,7 +92,7 @@ def _run(job: Preload, names: set[str] | None) -> None:
     job.done.set()
 
 
-def _load(names: set[str] | None) -> dict[str, Any]:
+def _load(names: set[str] | None, wait_s: float) -> dict[str, Any]:
     import torch
 
     from . import kernel_runtime  # noqa: F401 - the serving modules, imported here
@@ -85,7 +101,8 @@ def _load(names: set[str] | None) -> dict[str, Any]:
     ctx = context()
     arch, gpu = ctx.device_info(torch.cuda.current_device())
     report: dict[str, Any] = {"arch": arch, "gpu": gpu, "records": 0, "cubins": 0, "bytes": 0,
-                              "resolved": 0, "left": 0, "missing": 0,
+                              "resolved": 0, "modules": 0, "undeclared": 0, "left": 0,
+                              "missing": 0,
                               "launch_path": _walk_launch_path()}
     reader = ctx.store
     if not isinstance(reader, CacheReader) or ctx.toolchain_fp is None:
@@ -96,6 +113,7 @@ def _load(names: set[str] | None) -> dict[str, Any]:
                     if r.get("arch") == arch and r.get("gpu", gpu) == gpu
                     and r.get("toolchain", ctx.toolchain_fp) == ctx.toolchain_fp
                     and (names is None or r["kernel"] in names))
+    held: list[tuple[str, dict[str, Any]]] = []
     for kernel, key, record in chosen:
         if report["records"] >= MAX_RECORDS or report["bytes"] >= MAX_BYTES:
             report["left"] += 1
@@ -109,8 +127,58 @@ def _load(names: set[str] | None) -> dict[str, Any]:
         reader.held_cubins[record["compile_key"]] = hit
         report["cubins"] += 1
         report["bytes"] += len(hit.cubin)
-        report["resolved"] += _resolve(kernel, record, arch, gpu)
+        held.append((kernel, record))
+    _prepare_all(held, _standins(torch.cuda.current_device()), report, wait_s)
     return report
+
+
+def _prepare_all(held: list[tuple[str, dict[str, Any]]], standins: StandIns | None,
+                 report: dict[str, Any], wait_s: float) -> None:
+    """Prepare each held record whose kernel is declared and its module imported; wait up to
+    ``wait_s`` for the others (``undeclared``: those still not)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        waiting = []
+        for kernel, record in held:
+            tuned = _declared(kernel, main_done=wait_s == 0)
+            if tuned is None:
+                waiting.append((kernel, record))
+                continue
+            entry = _prepare(tuned, record, standins)
+            if entry is not None:
+                report["resolved"] += 1
+                report["modules"] += not entry.empty
+        held = waiting
+        if not held or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    report["undeclared"] = len(held)
+
+
+def _declared(kernel: str, main_done: bool) -> TunedKernel | None:
+    """The declared kernel of this name once its module has been imported, else None.
+
+    A kernel is declared while its module is still running; what its fingerprint reads (the
+    module's constants and helpers below it) may not exist yet, and a fingerprint taken then
+    would be wrong for the process. So a kernel of a module still being imported waits; so
+    does one of the main script (it runs until the process ends) unless ``main_done``: a
+    preload that waits for nothing was called by the program, after what it declared."""
+    from ..declare import registered
+    tuned = next((k for k in registered() if k.name == kernel), None)
+    if tuned is None or (tuned.module == "__main__" and not main_done):
+        return None
+    module = sys.modules.get(tuned.module)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return tuned
+
+
+def _standins(device: int) -> StandIns | None:
+    try:
+        return StandIns(device)
+    except Exception as exc:  # noqa: BLE001 - the first calls resolve and load then
+        log.debug("ctbuild: preload: no stand-in tensors on cuda:%d: %s", device, exc)
+        return None
 
 
 def _walk_launch_path() -> bool:
@@ -129,20 +197,19 @@ def _walk_launch_path() -> bool:
         return False
 
 
-def _resolve(kernel: str, record: dict[str, Any], arch: str, gpu: str) -> int:
-    """Resolve a record's workload where its kernel is declared (1), else nothing (0)."""
-    from ..declare import registered
+def _prepare(tuned: TunedKernel, record: dict[str, Any], standins: StandIns | None
+             ) -> Entry | None:
+    """The hot-path entry of a record's workload, its module loaded (`KernelRuntime.prepare`,
+    on stand-ins of the workload's tensors); None where it cannot be made ahead."""
     from ..specs import Workload, spec_from_json
-    tuned = next((k for k in registered() if k.name == kernel), None)
-    if tuned is None or not isinstance(record.get("workload"), dict):
-        return 0
+    if standins is None or not isinstance(record.get("workload"), dict):
+        return None
     try:
         w = Workload({n: spec_from_json(v) for n, v in record["workload"].items()})
-        tuned.runtime.resolve(tuple(w.args[p] for p in tuned.params), arch=arch, gpu=gpu)
+        return tuned.runtime.prepare(standins.args(tuple(w.args[p] for p in tuned.params)))
     except Exception as exc:  # noqa: BLE001 - its first call resolves it then
-        log.debug("ctbuild: preload: cannot resolve %s ahead: %s", kernel, exc)
-        return 0
-    return 1
+        log.debug("ctbuild: preload: cannot prepare %s ahead: %s", tuned.name, exc)
+        return None
 
 
 #: The preload ``CTBUILD_PRELOAD=1`` started at import (``FROM_ENV.wait()`` waits for it).
@@ -154,5 +221,5 @@ def start_from_env() -> Preload | None:
     global FROM_ENV
     from ..settings import env_flag
     if env_flag(PRELOAD_ENV) and FROM_ENV is None:
-        FROM_ENV = preload()
+        FROM_ENV = preload(wait_for_kernels=WAIT_FOR_KERNELS_S)
     return FROM_ENV

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import cuda.tile as ct
 
 from ..arch import Arch
-from ..cutile import ServingKernel
+from ..cutile import ServingKernel, mangled_symbol
 from ..keys import kernel_compile_key
 from ..signature import signature_text
 from ..signature_classes import EXACT_WEAKENING, Weakening, dynamic_patterns, lattice, weakened
@@ -146,13 +146,14 @@ class CubinSource:
             hit = self.store.get_compile(key)
             if hit is None:
                 continue
-            sig = sig.with_mangled_symbol(tuned.pyfunc.__name__)  # the CUBIN's kernel name
-            if hit.symbol != sig.symbol:
+            symbol = mangled_symbol(sig, tuned.pyfunc.__name__)  # the CUBIN's kernel name
+            if hit.symbol != symbol:
                 log.warning("%s: cached symbol %s differs from %s; treating as a miss",
-                            tuned.name, hit.symbol, sig.symbol)
+                            tuned.name, hit.symbol, symbol)
                 continue
             if self.verify is not None and not self.verify(
-                    tuned, cfg, sig, arch, key, getattr(hit, "meta", None) or {}):
+                    tuned, cfg, sig.with_symbol(symbol), arch, key,
+                    getattr(hit, "meta", None) or {}):
                 continue
             LEDGER.saved("compile", (getattr(hit, "meta", None) or {}).get("compile_seconds"))
             return hit.cubin, hit.symbol, weakening.cls

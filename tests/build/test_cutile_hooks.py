@@ -182,3 +182,24 @@ def test_compiler_hooks_are_checked_at_first_compiler_use(monkeypatch: pytest.Mo
             cutile.compiler()
     finally:
         cutile_fit.check_build.cache_clear()
+
+
+def test_mangled_symbol_is_cutiles_for_every_example_signature_class() -> None:
+    """`cutile.mangled_symbol` (the mangler without its round-trip check) names each example
+    kernel's exact, relaxed and generic signatures as ``with_mangled_symbol`` does."""
+    from gpu_runtime_examples import host_tensors, load_examples
+
+    from ctbuild.serve.live_args import workload_spec
+    from ctbuild.signature import derive_signature
+    from ctbuild.signature_classes import dynamic_patterns, lattice, weakened
+    checked = 0
+    for tuned in load_examples().values():
+        w = workload_spec(tuned, tuned.bind(*host_tensors(tuned.workloads[0], values=False)))
+        cfg = tuned.default_config(w)
+        sig = derive_signature(tuned.kernel, tuned.kernel_args(cfg, w), mangled=False)
+        for weakening in lattice(dynamic_patterns(tuned, cfg)):
+            weak = weakened(sig, weakening)
+            name = tuned.pyfunc.__name__
+            assert cutile.mangled_symbol(weak, name) == weak.with_mangled_symbol(name).symbol
+            checked += 1
+    assert checked >= 12

@@ -1,6 +1,6 @@
 """`runtime.preload` and the cold-start ledger on a CPU: a real cache on disk, the device
 stubbed as an H100, and ``ct.launch`` stubbed to ask the served kernel for its CUBIN as cuTile's
-dispatcher would."""
+dispatcher would (once per kernel object and signature: its in-memory launch cache)."""
 from __future__ import annotations
 
 import json
@@ -19,10 +19,22 @@ from ctbuild.cache import Store  # noqa: E402
 from ctbuild.serve import preload as preload_mod  # noqa: E402
 from ctbuild.serve.cache_reader import CacheReader  # noqa: E402
 from ctbuild.serve.ledger import LEDGER, Ledger, format_ledger  # noqa: E402
+from ctbuild.serve.standins import StandIns  # noqa: E402
 
 KERNELS = load_examples()
 GPU = "NVIDIA H100 80GB HBM3"
 CUBIN = b"\x7fELF" + bytes(range(256)) * 64
+
+
+class HostStandIns(StandIns):
+    """Stand-ins on the host: this test has no CUDA device (test_runtime_gpu.py makes real
+    ones)."""
+
+    def __init__(self, device: int) -> None:
+        self.torch, self.device = torch, device
+
+    def tensor(self, spec: Any) -> Any:
+        return torch.empty_strided(spec.shape, spec.strides, dtype=getattr(torch, spec.dtype))
 
 
 @pytest.fixture
@@ -35,7 +47,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list]:
     from ctbuild.serve.live_args import workload_spec
     from ctbuild.serve.resolve import Resolver
     from ctbuild.serve.served_kernel import CubinSource
-    from ctbuild.signature import derive_signature
+    from ctbuild.signature import derive_signature, signature_text
     from ctbuild.specs import spec_to_json
     for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
         monkeypatch.delenv(var, raising=False)
@@ -58,37 +70,50 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list]:
                           "workload": {n: spec_to_json(v) for n, v in w.items()}})
     store.close()
     served: list = []
+    loaded: dict[tuple[int, str], bytes] = {}  # the dispatcher's in-memory launch cache
 
     def launch(stream: Any, grid: tuple, kernel: Any, kargs: tuple) -> None:
         t = kernel.tuned
         spec = workload_spec(t, t.bind(*kargs[:len(t.params)]))
-        served.append(kernel.serve(derive_signature(t.kernel, t.kernel_args(kernel.config, spec)),
-                                   None, Arch("sm_90"))[0])
+        sig = derive_signature(t.kernel, t.kernel_args(kernel.config, spec))
+        key = (id(kernel), signature_text(sig))
+        if key not in loaded:
+            loaded[key] = kernel.serve(sig, None, Arch("sm_90"))[0]
+        served.append((grid, loaded[key]))
 
     monkeypatch.setattr(rtmod.ct, "launch", launch)
     monkeypatch.setattr(Resolver, "_device_for", lambda self, w: 0)
     monkeypatch.setattr(rtmod, "current_stream_getter", lambda: (lambda d: 0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(preload_mod, "StandIns", HostStandIns)
     ctx = runtime.configure(cache_dir=tmp_path / "cache", mode="strict")
     monkeypatch.setattr(ctx, "device_info", lambda d: ("sm_90", GPU))
     yield ctx, served
     runtime.reset()
 
 
-def test_a_preloaded_first_call_reads_nothing_from_disk(served, monkeypatch) -> None:
+def test_a_preloaded_first_call_reads_nothing_from_disk_and_resolves_nothing(
+        served, monkeypatch) -> None:
+    """The preload serves each record's CUBIN to a launch of no block (cuTile loads its
+    module then); the first call finds the entry the preload made and launches it."""
     ctx, launched = served
     assert isinstance(ctx.store, CacheReader)
     report = runtime.preload(background=False).wait()
-    assert {k: report[k] for k in ("records", "cubins", "resolved", "left", "missing")} == \
-        {"records": 2, "cubins": 2, "resolved": 2, "left": 0, "missing": 0}
+    assert {k: report[k] for k in ("records", "cubins", "resolved", "modules", "left",
+                                   "missing")} == \
+        {"records": 2, "cubins": 2, "resolved": 2, "modules": 2, "left": 0, "missing": 0}
     assert report["bytes"] == 2 * len(CUBIN) + len("rmsnormsilu_mul")
+    assert sorted(launched) == [((0, 1, 1), CUBIN + b"rmsnorm"), ((0, 1, 1), CUBIN + b"silu_mul")]
+    assert ctx.store.held_cubins == {}  # each dropped once served
     reads: list[str] = []
     original = ctx.store._rows
     monkeypatch.setattr(ctx.store, "_rows", lambda ns, *a: (reads.append(ns), original(ns, *a))[1])
     tuned = KERNELS["rmsnorm"]
+    entries = list(tuned.runtime._entries)
     tuned(*host_tensors(tuned.workloads[0]))
-    assert reads == [] and launched == [CUBIN + b"rmsnorm"]
-    assert "rmsnorm" not in str(ctx.store.held_cubins) and len(ctx.store.held_cubins) == 1
+    assert reads == [] and tuned.runtime._entries == entries and len(entries) == 1
+    assert launched[-1] == (entries[0].grid, CUBIN + b"rmsnorm") and entries[0].grid != (0, 1, 1)
+    assert tuned.runtime.provenance()["launches"] == 1
 
 
 def test_preload_on_a_thread_of_named_kernels_and_bounded(served, monkeypatch) -> None:
@@ -99,6 +124,25 @@ def test_preload_on_a_thread_of_named_kernels_and_bounded(served, monkeypatch) -
     served[0].store.held_tuning.clear()
     report = runtime.preload(background=False).report
     assert report["records"] == 1 and report["left"] == 1
+
+
+def test_a_kernel_whose_module_is_still_importing_is_prepared_once_it_is(
+        served, monkeypatch) -> None:
+    """A fingerprint taken while the kernel's module still runs could miss what is defined
+    below the kernel: the preload leaves such a kernel for later (``undeclared``), and one
+    that waits prepares it as soon as the import is over."""
+    import sys
+    spec = sys.modules[KERNELS["rmsnorm"].module].__spec__
+    monkeypatch.setattr(spec, "_initializing", True, raising=False)
+    report = runtime.preload(background=False).wait()
+    assert report["resolved"] == 1 and report["undeclared"] == 1
+    assert KERNELS["rmsnorm"].runtime._entries == []
+    job = runtime.preload(wait_for_kernels=60)
+    assert not job.done.wait(0.3)  # still waiting for rmsnorm's module
+    spec._initializing = False
+    report = job.wait(60)
+    assert job.done.is_set() and report["resolved"] == 1 and report["undeclared"] == 0
+    assert len(KERNELS["rmsnorm"].runtime._entries) == 1
 
 
 def test_the_ledger_counts_a_first_call_and_what_the_cache_saved(served, monkeypatch,

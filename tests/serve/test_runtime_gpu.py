@@ -368,21 +368,25 @@ def test_served_kernels_are_captured_in_a_cuda_graph_and_replayed(warm_cache: Pa
 
 
 def test_a_preloaded_kernel_is_served_from_memory(warm_cache: Path) -> None:
-    """`runtime.preload` holds every tuned CUBIN of this GPU; the first calls then read none
-    from disk, and their results are correct."""
+    """`runtime.preload` makes each tuned record's hot-path entry and has cuTile load its
+    module, launching nothing; the first calls then resolve nothing, read nothing from disk,
+    load no module (the dispatcher never asks for a CUBIN again), and are correct."""
     runtime.configure(cache_dir=warm_cache, mode="strict")
     report = runtime.preload(background=False).wait()
     assert report["records"] >= len(KERNELS) and report["cubins"] == report["records"]
-    assert report["resolved"] == report["records"] and report["bytes"] > 0
+    assert report["resolved"] == report["modules"] == report["records"] and report["bytes"] > 0
     store = runtime.context().store
     reads: list[str] = []
     original = store._rows
     store._rows = lambda ns, *a: (reads.append(ns), original(ns, *a))[1]
     for name, tuned in KERNELS.items():
+        entries, hits = list(tuned.runtime._entries), STATS.hits
         args, expected = gpu_case(tuned)
         tuned(*args)
         torch.cuda.synchronize()
         check(name, args, expected)
+        assert tuned.runtime._entries == entries and STATS.hits == hits, name
+        assert tuned.runtime.provenance()["launches"] == 1, name
     assert reads == []
 
 
