@@ -1,7 +1,9 @@
 """The container flow of examples/Dockerfile, without a Docker engine.
 
 The Dockerfile's build stage is replayed: its COPY steps into a temporary root, its RUN steps
-(examples/build-cache.sh) in a fresh virtualenv. Then the runtime stage's install step
+(examples/build-cache.sh) in a fresh virtualenv; the cache it builds is checked entry by entry
+(every planned job of both archs, its CUBIN, metadata and toolchain profile, its identity), and
+a rebuild compiles nothing and starts no Ray. Then the runtime stage's install step
 (examples/install-runtime.sh) runs in a second fresh virtualenv, which must serve from the cache
 without tileiras. Static checks keep the Dockerfile, the scripts and pyproject.toml in step.
 """
@@ -26,6 +28,8 @@ from dockerfile_reader import (
     strip_run_flags,
     substitute,
 )
+
+from ctbuild.cache import Store
 
 BUILD_SCRIPT = "examples/build-cache.sh"
 RUNTIME_SCRIPT = "examples/install-runtime.sh"
@@ -192,6 +196,13 @@ def _build_stage(build: Stage, tmp_path: Path) -> Path:
     # configs whose hints tileiras ignores give byte-identical CUBINs: one blob serves them all
     assert stats["compile_entries"] == plan["jobs"] >= stats["blobs"] > 0
     assert stats["toolchains"] == 1
+    _check_entries(cache, plan, build_bin)
+
+    # every entry's key still maps to the TileIR it was built from (no fingerprint hole)
+    identity = json.loads(_run([str(build_bin / "ctbuild"), "cache", "verify", "--identity",
+                                "--config", "examples/ctbuild.toml", "--cache", str(cache),
+                                "--json"], cwd=src, env=env).stdout)
+    assert identity["checked"] == plan["jobs"] and identity["mismatches"] == [], identity
 
     # a rebuild with a bundle in examples/bundles imports it and compiles nothing
     bundles = src / "examples" / "bundles"
@@ -203,7 +214,29 @@ def _build_stage(build: Stage, tmp_path: Path) -> Path:
     assert "imported examples/bundles/h100.tgz: " in proc.stdout, proc.stdout
     summary = json.loads(report.read_text())["summary"]
     assert summary["compiled"] == 0 and summary["cached"] == plan["jobs"], summary
+    assert summary["failed"] == 0 and summary["workers"] == 0  # nothing to compile: no Ray
     return cache
+
+
+def _check_entries(cache: Path, plan: dict, build_bin: Path) -> None:
+    """Every planned job's CUBIN is in the cache, an ELF with its kernel's and arch's metadata,
+    built by a toolchain whose profile (what serving nodes select by) names the build's
+    cuda-tile."""
+    cuda_tile = _run([str(build_bin / "python"), "-c", "from importlib.metadata import version; "
+                      "print(version('cuda-tile'))"], cwd=cache, env=os.environ.copy())
+    with Store(cache, readonly=True) as store:
+        toolchains = store.toolchains()
+        entries = list(store.compile_entries())
+        assert len(entries) == plan["jobs"]
+        kernels = {k["name"] for k in plan["kernels"]}
+        for key, _ in entries:
+            hit = store.get_compile(key)
+            assert hit is not None and hit.cubin[:4] == b"\x7fELF" and hit.symbol, key
+            assert hit.meta["kernel"] in kernels and hit.meta["arch"] in ("sm_90", "sm_100")
+            assert hit.meta["toolchain"] == plan["toolchain"]
+    assert set(toolchains) == {plan["toolchain"]}
+    profile = toolchains[plan["toolchain"]]
+    assert profile["cuda_tile"] == cuda_tile.stdout.strip() and profile["created"]
 
 
 def _serve_from_the_cache(runtime_bin: Path, app: Path, renv: dict[str, str], cache: Path
