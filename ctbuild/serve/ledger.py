@@ -5,11 +5,13 @@ ctbuild`` and the serving modules), ``cuda_context`` (the first query of the GPU
 torch create the CUDA context unless the program already had), ``cache_open`` (the cache and
 its toolchain), ``first_resolve`` (winner, CUBIN cover, grid and arguments of the first call),
 ``cubin_load`` (the first CUBIN read from the cache and verified) and ``first_launch``
-(cuTile's launch of the first call, with the CUBIN read and the driver's module load in it).
+(cuTile's launch of the first call, with the CUBIN read and the driver's module load in it);
+``preload``: the seconds `runtime.preload` took on its thread (its resolves and CUBIN reads
+are the first ones then, and a preloaded call has no first launch of its own).
 Beside them, ``avoided``: the tuning seconds of the records served and the compile seconds of
 the CUBINs served, as the build recorded them -- what this start did not spend.
 
-``CTBUILD_LEDGER=path.json`` writes it after the first launch and again at exit;
+``CTBUILD_LEDGER=path.json`` writes it after the first launch or preload and again at exit;
 ``ctbuild doctor --ledger path.json`` prints it.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 LEDGER_ENV = "CTBUILD_LEDGER"
 PHASES = ("import", "cuda_context", "cache_open", "first_resolve", "cubin_load",
-          "first_launch")
+          "first_launch", "preload")
 
 
 class Ledger:
@@ -42,6 +44,11 @@ class Ledger:
         """Add to a phase."""
         with self._lock:
             self.phases_ms[phase] = self.phases_ms.get(phase, 0.0) + seconds * 1e3
+
+    def once(self, phase: str, seconds: float) -> None:
+        """Record a phase timed elsewhere unless it was recorded already."""
+        with self._lock:
+            self.phases_ms.setdefault(phase, seconds * 1e3)
 
     def imported(self, serving_modules_s: float) -> None:
         """The ``import`` phase, once: ``import ctbuild`` and the serving modules."""

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .ledger import LEDGER
 from .standins import StandIns
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ def _run(job: Preload, names: set[str] | None, wait_s: float) -> None:
         log.warning("ctbuild: preload failed: %s", exc)
         job.report = {"error": str(exc)}
     job.report["seconds"] = round(time.perf_counter() - t0, 4)
+    LEDGER.once("preload", time.perf_counter() - t0)
+    LEDGER.write_env()
     log.info("ctbuild: preload: %s", job.report)
     job.done.set()
 

@@ -164,6 +164,21 @@ def test_the_ledger_counts_a_first_call_and_what_the_cache_saved(served, monkeyp
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "CTBUILD_LEDGER" in bad.stderr
 
 
+def test_a_preloaded_process_writes_its_ledger_when_the_preload_is_done(
+        served, monkeypatch, tmp_path: Path) -> None:
+    """A preloaded call has no first launch of its own (the slow path ran on the preload's
+    thread): the ledger is written as the preload ends, with its seconds."""
+    monkeypatch.setattr(LEDGER, "phases_ms", {})
+    monkeypatch.setenv("CTBUILD_LEDGER", str(tmp_path / "ledger.json"))
+    report = runtime.preload(background=False).wait()
+    got = json.loads((tmp_path / "ledger.json").read_text())
+    assert got["phases_ms"]["preload"] == pytest.approx(report["seconds"] * 1e3, abs=1.0)
+    assert {"first_resolve", "cubin_load"} <= set(got["phases_ms"])
+    assert "first_launch" not in got["phases_ms"]
+    out = run_cli("doctor", "--ledger", str(tmp_path / "ledger.json"))
+    assert out.returncode == 0 and "preload" in out.stdout
+
+
 def test_a_ledger_phase_is_timed_once() -> None:
     ledger = Ledger()
     with ledger.first("first_resolve"):
