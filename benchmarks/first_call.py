@@ -57,9 +57,10 @@ def child(scenario: str, name: str) -> dict[str, Any]:
     import gpu_runtime_examples as ex
     kernels = ex.load_examples()
     if scenario.endswith("+pre"):
-        from ctbuild.serve import preload
-        assert preload.FROM_ENV is not None, "CTBUILD_PRELOAD=1 started no preload"
-        preload.FROM_ENV.wait()
+        from ctbuild import runtime
+        job = runtime.preloading()
+        assert job is not None, "CTBUILD_PRELOAD=1 started no preload"
+        job.wait()
     if scenario.startswith("later"):
         other = next(k for n, k in kernels.items() if n != name)
         args, _ = ex.gpu_case(other)

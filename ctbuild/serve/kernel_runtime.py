@@ -38,7 +38,7 @@ from .layout_guard import guard_plan, new_table
 from .ledger import LEDGER
 from .live_args import make_key_fn
 from .miss_policy import CacheMissError, RuntimeConfigError
-from .preload import preload
+from .preload import preload, preloading
 from .resolve import Resolved, Resolver, explanation
 from .served_kernel import LayoutChanged, ServedKernel
 from .streams import (
@@ -54,7 +54,8 @@ if TYPE_CHECKING:
     from ..space import Config
 
 __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError",
-           "RuntimeConfigError", "configure", "context", "preload", "reset", "stats"]
+           "RuntimeConfigError", "configure", "context", "preload", "preloading", "reset",
+           "stats"]
 
 #: Drop the hot-path memo and table (and fold their provenance rows into totals) of a kernel
 #: when either grows past this (e.g. a scalar that varies).

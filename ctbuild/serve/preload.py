@@ -219,6 +219,12 @@ def _prepare(tuned: TunedKernel, record: dict[str, Any], standins: StandIns | No
 FROM_ENV: Preload | None = None
 
 
+def preloading() -> Preload | None:
+    """The preload ``CTBUILD_PRELOAD=1`` started at import (``.wait()`` returns its report),
+    or None."""
+    return FROM_ENV
+
+
 def start_from_env() -> Preload | None:
     """``CTBUILD_PRELOAD=1``: start a background preload (at ``import ctbuild``)."""
     global FROM_ENV

@@ -189,3 +189,26 @@ def test_a_ledger_phase_is_timed_once() -> None:
     ledger.saved("tuning", None)
     assert ledger.phases_ms["first_resolve"] == first and ledger.avoided["records"] == 1
     assert "first_resolve" in format_ledger(ledger.to_json())
+
+
+def test_ctbuild_preload_env_starts_one_at_import(tmp_path: Path) -> None:
+    """``CTBUILD_PRELOAD=1``: ``import ctbuild`` starts a preload (`runtime.preloading()`);
+    where it cannot run (here: no GPU) its report says why and the program goes on."""
+    import os
+    import subprocess
+    import sys
+    code = ("import json, torch, ctbuild; from ctbuild import runtime; job = runtime.preloading();"
+            " print(json.dumps(None if job is None else job.wait(60)))")
+    env = {**os.environ, "CTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    for flag, started in (("1", True), ("0", False)):
+        env["CTBUILD_PRELOAD"] = flag
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        if not started:
+            assert report is None
+        elif torch.cuda.is_available():
+            assert "error" in report or report["records"] == 0
+        else:
+            assert "error" in report and report["seconds"] >= 0
