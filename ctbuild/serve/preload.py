@@ -116,7 +116,7 @@ def _load(names: set[str] | None, wait_s: float) -> dict[str, Any]:
                     if r.get("arch") == arch and r.get("gpu", gpu) == gpu
                     and r.get("toolchain", ctx.toolchain_fp) == ctx.toolchain_fp
                     and (names is None or r["kernel"] in names))
-    held: list[tuple[str, dict[str, Any]]] = []
+    held: list[tuple[str, str, dict[str, Any]]] = []
     for kernel, key, record in chosen:
         if report["records"] >= MAX_RECORDS or report["bytes"] >= MAX_BYTES:
             report["left"] += 1
@@ -130,22 +130,26 @@ def _load(names: set[str] | None, wait_s: float) -> dict[str, Any]:
         reader.held_cubins[record["compile_key"]] = hit
         report["cubins"] += 1
         report["bytes"] += len(hit.cubin)
-        held.append((kernel, record))
-    _prepare_all(held, _standins(torch.cuda.current_device()), report, wait_s)
+        held.append((kernel, key, record))
+    waited_for = _prepare_all(held, _standins(torch.cuda.current_device()), report, wait_s)
+    if wait_s > 0:  # a kernel not declared in all that time is not this program's: let go
+        for _, key, record in waited_for:
+            reader.held_tuning.pop(key, None)
+            reader.held_cubins.pop(record["compile_key"], None)
     return report
 
 
-def _prepare_all(held: list[tuple[str, dict[str, Any]]], standins: StandIns | None,
-                 report: dict[str, Any], wait_s: float) -> None:
+def _prepare_all(held: list[tuple[str, str, dict[str, Any]]], standins: StandIns | None,
+                 report: dict[str, Any], wait_s: float) -> list[tuple[str, str, dict[str, Any]]]:
     """Prepare each held record whose kernel is declared and its module imported; wait up to
-    ``wait_s`` for the others (``undeclared``: those still not)."""
+    ``wait_s`` for the others. Returns those still waiting (``undeclared``)."""
     deadline = time.monotonic() + wait_s
     while True:
         waiting = []
-        for kernel, record in held:
+        for kernel, key, record in held:
             tuned = _declared(kernel, main_done=wait_s == 0)
             if tuned is None:
-                waiting.append((kernel, record))
+                waiting.append((kernel, key, record))
                 continue
             entry = _prepare(tuned, record, standins)
             if entry is not None:
@@ -156,6 +160,7 @@ def _prepare_all(held: list[tuple[str, dict[str, Any]]], standins: StandIns | No
             break
         time.sleep(POLL_S)
     report["undeclared"] = len(held)
+    return held
 
 
 def _declared(kernel: str, main_done: bool) -> TunedKernel | None:

@@ -134,9 +134,15 @@ def test_a_kernel_whose_module_is_still_importing_is_prepared_once_it_is(
     import sys
     spec = sys.modules[KERNELS["rmsnorm"].module].__spec__
     monkeypatch.setattr(spec, "_initializing", True, raising=False)
+    ctx = served[0]
     report = runtime.preload(background=False).wait()
     assert report["resolved"] == 1 and report["undeclared"] == 1
     assert KERNELS["rmsnorm"].runtime._entries == []
+    assert list(ctx.store.held_cubins.values())[0].cubin == CUBIN + b"rmsnorm"  # kept for later
+    # one that waited for it in vain lets its CUBIN go (read at its first call, if any)
+    report = runtime.preload(background=False, wait_for_kernels=0.1).wait()
+    assert report["undeclared"] == 1
+    assert CUBIN + b"rmsnorm" not in [c.cubin for c in ctx.store.held_cubins.values()]
     job = runtime.preload(wait_for_kernels=60)
     assert not job.done.wait(0.3)  # still waiting for rmsnorm's module
     spec._initializing = False
