@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
+from ..atomic_write import write_json
 from ..compile.miss_records import RecordFileError, read_records
 from ..declare import TunedKernel
 from ..project import ConfigError, Project, select_kernels
@@ -111,18 +110,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                    help="also plan the workloads recorded at run time in FILE (JSON lines); "
                         "repeatable")
     p.set_defaults(run=guarded(run))
-
-
-def _write_atomic(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -271,7 +258,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     summary = _summary(result, rows, failures, started=started, toolchain=toolchain.fingerprint,
                        archs=archs, cache_dir=project.cache_dir, ir_check=ir_check.to_json())
     if report is not None:
-        _write_atomic(report, {"summary": summary, "worker_info": result.worker_info,
+        write_json(report, {"summary": summary, "worker_info": result.worker_info,
                                "jobs": rows})
     return _print_outcome(args, out, summary, result.fatal)
 

@@ -17,14 +17,14 @@ the CUBINs served, as the build recorded them -- what this start did not spend.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
+
+from ..atomic_write import write_json
 
 LEDGER_ENV = "CTBUILD_LEDGER"
 PHASES = ("import", "cuda_context", "cache_open", "first_resolve", "cubin_load",
@@ -95,7 +95,7 @@ class Ledger:
             self._exit_hook = True
             atexit.register(self.write_env)
         try:
-            Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+            write_json(path, self.to_json())
         except OSError as exc:
             import logging
             logging.getLogger("ctbuild.runtime").warning(

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..atomic_write import write_json
+
 WINNER, DEFAULT, OTHER, FAIL = "#2e7d32", "#1565c0", "#9e9e9e", "#c62828"
 
 CSS = """
@@ -349,5 +351,5 @@ def write_report(path: Path, result: dict[str, Any]) -> tuple[Path, Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(result), encoding="utf-8")
     json_path = path.with_name(path.name + ".json")
-    json_path.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    write_json(json_path, result)
     return path, json_path
