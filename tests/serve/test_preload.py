@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from conftest import RUNTIME_TOOLCHAIN, run_cli  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
-from ctbuild import runtime  # noqa: E402
+from ctbuild import cutile, runtime  # noqa: E402
 from ctbuild.cache import Store  # noqa: E402
 from ctbuild.serve import preload as preload_mod  # noqa: E402
 from ctbuild.serve.cache_reader import CacheReader  # noqa: E402
@@ -52,7 +52,8 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list]:
     for var in ("CTBUILD_MODE", "CTBUILD_RECORD", "CTBUILD_DISABLE_AUTOTUNE", "CTBUILD_TOOLCHAIN"):
         monkeypatch.delenv(var, raising=False)
     store = Store(tmp_path / "cache")
-    store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": "1.7.0", "env": {}, "created": 1.0})
+    store.put_toolchain(RUNTIME_TOOLCHAIN, {"cuda_tile": cutile.version(), "env": {},
+                                            "created": 1.0})
     source = CubinSource(store, RUNTIME_TOOLCHAIN)
     for name in ("rmsnorm", "silu_mul"):
         tuned = KERNELS[name]
