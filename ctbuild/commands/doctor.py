@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ledger:
         return _ledger(args)
     report: dict[str, Any] = {"cuda_tile": cutile_version(), "problems": []}
+    if not args.serving:  # the toolchain probe needs no torch: about 2 s sooner
+        from ..cutile import load_compiler_without_torch
+        load_compiler_without_torch()
     try:
         path, uses_home = find_tileiras()
         report["tileiras"] = {"path": path, "uses_cuda_home": uses_home}
