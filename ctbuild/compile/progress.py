@@ -151,11 +151,13 @@ def render_summary(kernels: list[dict[str, Any]], failures: list[dict[str, Any]]
                    if summary["workers"] else
                    f"{summary['early_workers']} local worker"
                    f"{'s' if summary['early_workers'] > 1 else ''} while the {where} started")
+    how = f"{workers}; start-up {summary['startup_seconds']:.1f}s"
+    if not summary["workers"] and not summary.get("early_workers"):
+        how = "nothing to compile: no worker started"
     lines.append("")
     lines.append(
         f"{summary['jobs']} jobs: {summary['compiled']} compiled, {summary['cached']} cached, "
-        f"{summary['failed']} failed in {summary['seconds']:.1f}s "
-        f"({workers}; start-up {summary['startup_seconds']:.1f}s) "
+        f"{summary['failed']} failed in {summary['seconds']:.1f}s ({how}) "
         f"for {', '.join(summary['archs'])}; cache {summary['cache']}")
     if failures:
         lines.append("")

@@ -106,6 +106,10 @@ def test_precompile_without_ray_builds_on_local_workers(tmp_path: Path, capsys, 
     assert code == 0, out + err
     assert out.count("Ray is not installed here") == 1, out
     assert "local worker processes, no Ray" in out and "2 compiled, 0 cached, 0 failed" in out
+    code, out, err = cli(capsys, "precompile", "--config", str(CONFIG), "--kernel", "one_tile",
+                         "--cache", str(cache))
+    assert code == 0 and "0 compiled, 2 cached, 0 failed" in out, out + err
+    assert "(nothing to compile: no worker started)" in out, out
 
 
 
