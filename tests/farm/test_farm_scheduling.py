@@ -1,4 +1,8 @@
-"""Longest jobs first (by the cache's recorded compile seconds), and an ETA that ignores start-up."""
+"""Longest jobs first (by the cache's recorded compile seconds), and an ETA that ignores start-up.
+
+The farms here run on local worker processes (``local_only``): the scheduler that ranks and
+hands out the jobs is the one Ray's workers get too, and no Ray start (seconds a test) is
+waited for; test_farm_executor.py and test_farm_early_workers.py run it over Ray's workers."""
 from __future__ import annotations
 
 import io
@@ -38,7 +42,7 @@ def test_recorded_seconds_rank_jobs_longest_first_and_the_farm_follows(tmp_path)
     assert tile_volume({"config": {"T": 256}, "constants": [256, 128, 3, 8192]}) == 256 * 128 * 1024
     order: list[str] = []
     with Farm(cache, "farm_fixture_fns:echo_compile", workers=1, max_batch=1,
-              sys_paths=[str(FIXTURE)], estimate=estimate) as farm:
+              sys_paths=[str(FIXTURE)], local_only=True, estimate=estimate) as farm:
         result = farm.run(jobs, on_record=lambda r: order.append(r.key))
     assert order == ["c", "a", "b"] and result.count("compiled") == 3
 
@@ -97,7 +101,7 @@ def test_the_farm_re_ranks_jobs_not_yet_handed_out_when_estimates_change(tmp_pat
     jobs = [{"key": k, "payload": k} for k in ("y1", "x1", "y2", "x2", "x3")]
     order: list[str] = []
     with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=1, max_batch=1,
-              sys_paths=[str(FIXTURE)], estimate=est, learn=est.learn) as farm:
+              sys_paths=[str(FIXTURE)], local_only=True, estimate=est, learn=est.learn) as farm:
         result = farm.run(jobs, on_record=lambda r: order.append(r.key))
     assert result.count("compiled") == 5 and est.learned == 5
     # x1 went out alone (a long job never queues behind another); after its result the y
@@ -116,7 +120,8 @@ def test_two_long_jobs_never_queue_on_one_worker_while_another_is_idle(tmp_path)
             if k == "h2" else {"key": k, "payload": k}
             for k in ("h1", "h2", "s1", "s2", "s3", "s4")]
     with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=2,
-              sys_paths=[str(FIXTURE)], estimate=lambda j: cost.get(j["key"], 0.1)) as farm:
+              sys_paths=[str(FIXTURE)], local_only=True,
+              estimate=lambda j: cost.get(j["key"], 0.1)) as farm:
         result = farm.run(jobs)
     by_key = {r.key: r for r in result.records}
     assert result.count("compiled") == 6
@@ -151,7 +156,8 @@ def test_nothing_queues_behind_a_long_job_while_another_worker_can_take_it(tmp_p
             small_done.touch()
 
     with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=2, max_batch=2,
-              sys_paths=[str(FIXTURE)], estimate=lambda j: 10.0 if j["key"] == "h" else 0.1
+              sys_paths=[str(FIXTURE)], local_only=True,
+              estimate=lambda j: 10.0 if j["key"] == "h" else 0.1
               ) as farm:
         result = farm.run(jobs, on_record=on_record)
     by_key = {r.key: r for r in result.records}
@@ -164,7 +170,8 @@ def test_records_say_when_each_job_ran_after_the_first_worker_was_ready(tmp_path
     log = tmp_path / "compiles.log"  # every compile's begin and end, in their real order
     jobs = [{"key": k, "payload": k, "sleep": 0.1, "log": str(log)} for k in ("j1", "j2", "j3")]
     with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=1, max_batch=1,
-              sys_paths=[str(FIXTURE)], estimate=lambda j: {"j1": 3, "j2": 2}.get(j["key"], 1)
+              sys_paths=[str(FIXTURE)], local_only=True,
+              estimate=lambda j: {"j1": 3, "j2": 2}.get(j["key"], 1)
               ) as farm:
         result = farm.run([*jobs, {"key": "j1", "payload": "dup"}])
         again = farm.run(jobs)  # all cached now: no worker ran them
