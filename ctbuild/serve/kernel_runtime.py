@@ -197,10 +197,10 @@ class KernelRuntime:
         with self._lock:
             self._key_at_least(keys)
             try:
-                return self._resolve_and_launch(stream, args)
+                self._resolve_and_launch(stream, args)
             except LayoutChanged:  # a pinned kernel shared by a signature derived differently
                 self._key_at_least("alignment")
-                return self._resolve_and_launch(stream, args)
+                self._resolve_and_launch(stream, args)
 
     def prepare(self, args: tuple) -> Entry | None:
         """Make the entry a call of ``args`` would, launching nothing: resolve it, have cuTile
@@ -212,15 +212,17 @@ class KernelRuntime:
             key = self._memo_key(args)
             if key is None or key in self._fast:
                 return None
-            self._resolve_and_launch(None, args, load_only=True)
-            return self._fast.get(self._memo_key(args) or ())
+            return self._resolve_and_launch(None, args, load_only=True)
 
-    def _resolve_and_launch(self, stream: Any, args: tuple, load_only: bool = False) -> None:
+    def _resolve_and_launch(self, stream: Any, args: tuple, load_only: bool = False) -> Entry:
+        """Resolve, launch (``load_only``: load the module, launch nothing) and publish the
+        entry of a call's layout; returns it."""
         key = self._memo_key(args)
         entry = self._fast.get(key) if key is not None else None
         if entry is not None:  # another thread resolved this layout while we waited
             self._add_layout(entry, args)
-            return self._launch(entry, stream, args)
+            self._launch(entry, stream, args)
+            return entry
         try:
             with LEDGER.first("first_resolve"):
                 res = self.resolver.resolve(args, stream=stream)
@@ -253,6 +255,7 @@ class KernelRuntime:
             self._fast[key] = entry
             self._add_layout(entry, args)
         self._entries.append(entry)
+        return entry
 
     def _retire(self) -> None:
         """Drop the hot-path memo and fold its provenance rows into totals: a scalar argument

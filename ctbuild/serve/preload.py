@@ -88,8 +88,9 @@ def _run(job: Preload, names: set[str] | None, wait_s: float) -> None:
     except Exception as exc:  # noqa: BLE001 - a preload never breaks the service
         log.warning("ctbuild: preload failed: %s", exc)
         job.report = {"error": str(exc)}
-    job.report["seconds"] = round(time.perf_counter() - t0, 4)
-    LEDGER.once("preload", time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    job.report["seconds"] = round(seconds, 4)
+    LEDGER.once("preload", seconds)
     LEDGER.write_env()
     log.info("ctbuild: preload: %s", job.report)
     job.done.set()
@@ -143,36 +144,38 @@ def _prepare_all(held: list[tuple[str, str, dict[str, Any]]], standins: StandIns
                  report: dict[str, Any], wait_s: float) -> list[tuple[str, str, dict[str, Any]]]:
     """Prepare each held record whose kernel is declared and its module imported; wait up to
     ``wait_s`` for the others. Returns those still waiting (``undeclared``)."""
+    from ..declare import registered
+    waiting: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    for item in held:
+        waiting.setdefault(item[0], []).append(item)
     deadline = time.monotonic() + wait_s
     while True:
-        waiting = []
-        for kernel, key, record in held:
-            tuned = _declared(kernel, main_done=wait_s == 0)
+        declared = {k.name: k for k in registered()}
+        for name in list(waiting):
+            tuned = _ready(declared.get(name), main_done=wait_s == 0)
             if tuned is None:
-                waiting.append((kernel, key, record))
                 continue
-            entry = _prepare(tuned, record, standins)
-            if entry is not None:
-                report["resolved"] += 1
-                report["modules"] += not entry.empty
-        held = waiting
-        if not held or time.monotonic() >= deadline:
+            for _, _, record in waiting.pop(name):
+                entry = _prepare(tuned, record, standins)
+                if entry is not None:
+                    report["resolved"] += 1
+                    report["modules"] += not entry.empty
+        if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
-    report["undeclared"] = len(held)
-    return held
+    left = [item for items in waiting.values() for item in items]
+    report["undeclared"] = len(left)
+    return left
 
 
-def _declared(kernel: str, main_done: bool) -> TunedKernel | None:
-    """The declared kernel of this name once its module has been imported, else None.
+def _ready(tuned: TunedKernel | None, main_done: bool) -> TunedKernel | None:
+    """``tuned`` once its module has been imported, else None.
 
     A kernel is declared while its module is still running; what its fingerprint reads (the
     module's constants and helpers below it) may not exist yet, and a fingerprint taken then
     would be wrong for the process. So a kernel of a module still being imported waits; so
     does one of the main script (it runs until the process ends) unless ``main_done``: a
     preload that waits for nothing was called by the program, after what it declared."""
-    from ..declare import registered
-    tuned = next((k for k in registered() if k.name == kernel), None)
     if tuned is None or (tuned.module == "__main__" and not main_done):
         return None
     module = sys.modules.get(tuned.module)
