@@ -5,7 +5,7 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -82,6 +82,18 @@ def at_once(*calls: Callable[[], T]) -> list[T]:
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(call) for call in calls]
         return [f.result() for f in futures]
+
+
+def python_json(code: str, *, env: dict[str, str], cwd: Path | None = None,
+                timeout: float = 300) -> Any:
+    """Run ``python -c code`` in a fresh process with ``env``; it must exit 0, and its last line
+    of output, parsed as JSON, is returned (what the code printed of its process's state)."""
+    import json
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 #: The toolchain fingerprint runtime tests record in their caches.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
+from conftest import python_json
 from test_robustness_cache import flip_table_page
 
 from ctbuild.cache import Store
@@ -129,8 +129,5 @@ def test_serving_from_a_built_cache_imports_no_diskcache(tmp_path: Path) -> None
     script = WARM.format(root=str(root), examples=str(root / "examples"))
     env = {"PATH": "/usr/bin:/bin", "CTBUILD_CACHE_DIR": str(tmp_path / "c"),
            "CTBUILD_MODE": "strict", "HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = python_json(script, env=env, cwd=tmp_path)
     assert got == {"from": "cache", "store": "CacheReader", "mods": []}

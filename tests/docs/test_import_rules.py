@@ -16,13 +16,12 @@
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from conftest import python_json
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The top-level folders that are packages inside ctbuild (ctbuild/farm, ctbuild/cache link them).
@@ -198,10 +197,7 @@ def test_serve_path_loads_no_build_tune_ray_or_farm(tmp_path: Path) -> None:
     script = SERVE_SCRIPT.format(root=str(ROOT), examples=str(ROOT / "examples"))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
            "CTBUILD_CACHE_DIR": str(tmp_path / "cache"), "CTBUILD_RECORD": str(tmp_path / "rec")}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = python_json(script, env=env, cwd=tmp_path)
     assert "ctbuild.serve.kernel_runtime" in got["modules"]  # the path really ran
     assert "CacheMissError" in got["errors"] and "KernelCallError" in got["errors"]
     loaded = [m for m in got["modules"]

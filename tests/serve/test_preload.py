@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import RUNTIME_TOOLCHAIN, run_cli  # noqa: E402
+from conftest import RUNTIME_TOOLCHAIN, python_json, run_cli  # noqa: E402
 from gpu_runtime_examples import host_tensors, load_examples  # noqa: E402
 
 from ctbuild import runtime  # noqa: E402
@@ -199,17 +199,12 @@ def test_ctbuild_preload_env_starts_one_at_import(tmp_path: Path) -> None:
     """``CTBUILD_PRELOAD=1``: ``import ctbuild`` starts a preload (`runtime.preloading()`);
     where it cannot run (here: no GPU) its report says why and the program goes on."""
     import os
-    import subprocess
-    import sys
     code = ("import json, torch, ctbuild; from ctbuild import runtime; job = runtime.preloading();"
             " print(json.dumps(None if job is None else job.wait(60)))")
     env = {**os.environ, "CTBUILD_CACHE_DIR": str(tmp_path / "cache")}
     for flag, started in (("1", True), ("0", False)):
         env["CTBUILD_PRELOAD"] = flag
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=env, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        report = python_json(code, env=env, timeout=120)
         if not started:
             assert report is None
         elif torch.cuda.is_available():

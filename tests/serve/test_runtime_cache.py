@@ -1,8 +1,6 @@
 """Runtime and the cache on a CPU machine: corrupt CUBINs, read-only caches, threads, imports."""
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -12,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cuda.tile as ct  # noqa: E402
-from conftest import RUNTIME_TOOLCHAIN, count_slow_calls  # noqa: E402
+from conftest import RUNTIME_TOOLCHAIN, count_slow_calls, python_json  # noqa: E402
 from gpu_runtime_examples import ROOT, host_tensors, load_examples  # noqa: E402
 
 import ctbuild  # noqa: E402
@@ -151,10 +149,7 @@ def test_warm_path_imports_neither_ray_nor_farm(tmp_path: Path) -> None:
     script = WARM_SCRIPT.format(root=str(ROOT), examples=str(ROOT / "examples"))
     env = {"PATH": "/usr/bin:/bin", "CTBUILD_CACHE_DIR": str(tmp_path / "c"),
            "CTBUILD_MODE": "default", "HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = python_json(script, env=env, cwd=tmp_path)
     assert got["mods"] == []
     assert got["config"] == {"TM": 128, "TN": 128, "TK": 64, "num_ctas": 1}
     assert "kernel 'matmul'" in got["err"]
