@@ -13,6 +13,9 @@ times ``N`` back-to-back host calls of
            to raw launches of the same two in turn
   64sz-1sz: per call, 64 leading sizes cycling (steps of 16, each resolved once before) minus
            one size repeated, both with default configs (the sizes were never tuned)
+  new-sz:  the median host us of the first call of each of those sizes but the first: a size
+           never seen, resolved in its bucket (winner, signature and CUBIN lookups remembered
+           per bucket and signature class) and added to the table
   graph:   host us per kernel when 20 calls captured in one CUDA graph are replayed
 with N below the launch-queue depth so the GPU never pushes back; every round times every
 kernel's every variant (so a slow spell of the host spreads over all kernels' rounds and the
@@ -173,27 +176,33 @@ def sizes(tuned, a: tuple, count: int = 64) -> list[tuple] | None:
             for i in range(count)]
 
 
-def cycling(cases: dict, cache: str, rounds: int) -> dict[str, tuple[float, float] | None]:
-    """Per kernel (us per call of one size, us per call cycling 64 sizes), both warm: every
-    size resolved once first. Default configs (``disable_autotune``): the sizes were never
-    tuned, and with sizes in steps of 16 the default config's CUBIN serves them all."""
+def cycling(cases: dict, cache: str, rounds: int
+            ) -> dict[str, tuple[float, float, float] | None]:
+    """Per kernel (us per call of one size, us per call cycling 64 sizes, both warm; median us
+    of the first call of each new size but the first, which resolves it). Default configs
+    (``disable_autotune``): the sizes were never tuned, and with sizes in steps of 16 the
+    default config's CUBIN serves them all."""
     from ctbuild import runtime
     runtime.configure(cache_dir=cache, mode="strict", disable_autotune=True)
-    out: dict[str, tuple[float, float] | None] = {}
+    out: dict[str, tuple[float, float, float] | None] = {}
     for name, (tuned, a, *_rest) in cases.items():
         calls = sizes(tuned, a)
         if calls is None:
             out[name] = None
             continue
+        firsts = []
         for c in calls:
+            t = time.perf_counter()
             tuned(*c)
+            firsts.append((time.perf_counter() - t) * 1e6)
         same, cycle = _loop(tuned, [calls[0]] * 64), _loop(tuned, calls)
         pairs = [(per_call_us(same, 3) / 64, per_call_us(cycle, 3) / 64) for _ in range(rounds)]
         # Each round times both, back to back: the host's clock drift hits both alike (timed
         # in two blocks, the difference swung by +-4 us between runs on one H100 host).
         out[name] = (statistics.median(p[0] for p in pairs),
                      statistics.median(p[0] for p in pairs)
-                     + statistics.median(p[1] - p[0] for p in pairs))
+                     + statistics.median(p[1] - p[0] for p in pairs),
+                     statistics.median(firsts[1:]))
     return out
 
 
@@ -267,7 +276,8 @@ def main() -> int:
     cycled = cycling(cases, args.cache, args.rounds)
     print(f"{'kernel':14} {'raw':>7} {'call':>7} {'launch':>7} {'call-raw':>9} {'launch-raw':>11}"
           f" {'call/raw':>9} {'key+dict':>9} {'stream':>7} {'table':>6} {'host':>6}"
-          f" {'raw(int)':>9} {'raw(new)':>9} {'alt-raw':>8} {'64sz-1sz':>9} {'graph':>6}"
+          f" {'raw(int)':>9} {'raw(new)':>9} {'alt-raw':>8} {'64sz-1sz':>9} {'new-sz':>7}"
+          f" {'graph':>6}"
           f" {'keys':>10} {'form':>7}")
     for name, (_, _, _, part_us, samples) in cases.items():
         med = {k: statistics.median(v) for k, v in samples.items()}
@@ -287,7 +297,8 @@ def main() -> int:
         row["keys"] = row_keys[name]
         row["form"] = row_forms[name]
         same_cycle = cycled.get(name)
-        row["one_size_us"], row["sizes64_us"] = same_cycle or (None, None)
+        row["one_size_us"], row["sizes64_us"], row["new_size_us"] = same_cycle or \
+            (None, None, None)
         row["sizes64_extra_us"] = same_cycle[1] - same_cycle[0] if same_cycle else None
         out["kernels"][name] = row
         print(f"{name:14} {med['raw']:7.2f} {med['call']:7.2f} {med['launch']:7.2f} "
@@ -296,7 +307,7 @@ def main() -> int:
               f"{part_us['stream_lookup']:7.2f} {_us(part_us.get('table')):>6} "
               f"{_us(part_us.get('host_path')):>6} {med['raw_handle']:9.2f} {med['raw_fresh']:9.2f}"
               f" {_us(row['alt_overhead_us']):>8} {_us(row['sizes64_extra_us']):>9}"
-              f" {part_us['graph']:6.2f} {row['keys']:>10} {row['form']:>7}")
+              f" {_us(row['new_size_us']):>7} {part_us['graph']:6.2f} {row['keys']:>10} {row['form']:>7}")
     worst = max((max(r["call_overhead_us"], r["launch_overhead_us"]), n)
                 for n, r in out["kernels"].items())
     target = TARGET_US if out["hot_path"] == "C" else PYTHON_TARGET_US

@@ -349,6 +349,81 @@ def derive_signature(kernel: Any, kernel_args: Sequence[Any], mangled: bool = Tr
     return signature.with_mangled_symbol(annotated.pyfunc.__name__) if mangled else signature
 
 
+def signature_class(kernel: Any, kernel_args: Sequence[Any]) -> tuple | None:
+    """A key that is equal for two argument lists only if `derive_signature` gives both the
+    same signature: per tensor its dtype, rank, alignment class, aliasing flag and, per dim,
+    what the constraint reads of a size or stride (1 or not, divisible by 16 or by 128 bits,
+    within int64), not the value; per scalar its type and range; per constant its value.
+
+    The sizes of one `Dim` bucket fall into a few such classes, so the runtime derives a
+    signature once per class, not per size (`Resolver._cover`). None where a value is read
+    exactly beyond this (an annotation's static dims) or is not a spec: derive it then."""
+    annotated = cutile.annotated_function(kernel)
+    nodes = annotated.parameter_annotations
+    if len(kernel_args) != len(nodes):
+        return None
+    try:
+        key = tuple(_class_of(v, n) for v, n in zip(kernel_args, nodes))
+        hash(key)
+    except Exception:  # _Unclassed, or a value a class cannot hold (unhashable, a Dim): derive
+        return None
+    return key
+
+
+class _Unclassed(Exception):
+    """A value `signature_class` cannot stand for by a class."""
+
+
+def _constant_class(value: Any) -> Any:
+    """A constant by type and value, item by item (``(1, 2)`` and ``(1.0, 2)`` are equal
+    tuples but different constants)."""
+    if isinstance(value, tuple):
+        return (tuple, *(_constant_class(v) for v in value))
+    return (type(value), value)
+
+
+def _class_of(value: Any, node: Any) -> Any:
+    """`signature_class` of one argument, following `_constraint`'s dispatch."""
+    if node is not None and getattr(node, "KIND", "leaf") != "leaf":
+        if not isinstance(value, tuple):
+            raise _Unclassed
+        items = node.items if node.KIND == "heterogeneous_tuple" else (node.each,) * len(value)
+        if len(items) != len(value):
+            raise _Unclassed
+        return ("tuple", *(_class_of(v, n) for v, n in zip(value, items)))
+    if getattr(node, "constant", False):
+        return ("const", _constant_class(value))
+    if isinstance(value, tuple):
+        return ("tuple", *(_class_of(v, node) for v in value))
+    if isinstance(value, Tensor):
+        return _tensor_class(value, getattr(node, "array", None))
+    if isinstance(value, list):
+        ann = getattr(getattr(node, "list", None), "element", None)
+        return ("list", *(_tensor_class(v, ann) if isinstance(v, Tensor) else _class_of(v, None)
+                          for v in value))
+    if type(value) is bool or type(value) is float:
+        return (type(value),)
+    if type(value) is int:
+        return (int, _INT32[0] <= value <= _INT32[1], _INT64[0] <= value <= _INT64[1])
+    if isinstance(value, Scalar):
+        return ("scalar", value)
+    raise _Unclassed
+
+
+def _tensor_class(spec: Tensor, annotation: Any) -> tuple:
+    """What `array_constraint` reads of a tensor spec, as classes of its sizes and strides."""
+    if spec.strides is None or spec.dtype not in DTYPE_BITS or any(
+            getattr(annotation, a, None) for a in ("static_shape_dims", "static_stride_dims")):
+        raise _Unclassed
+    bits = DTYPE_BITS[spec.dtype]
+    item = max(bits // 8, 1)
+    return (spec.dtype, getattr(annotation, "index_dtype", None), spec.align % BASE_ALIGN == 0,
+            _is_disjoint(spec.shape, spec.strides),
+            tuple((n == 1, n % 16 == 0, n <= _INT64[1]) for n in spec.shape),
+            tuple((st == 1, (st * bits) % 128 == 0, _INT64[0] <= st * item <= _INT64[1])
+                  for st in spec.strides))
+
+
 def int_constants(signature: KernelSignature) -> list[int]:
     """The integer ``ct.Constant`` values of a signature, in parameter order (a tuple
     constant's items too: a tile shape passed as one)."""

@@ -23,7 +23,7 @@ from ..dims import Bucket, find_bucket, match
 from ..keys import record_key_for
 from ..miss_reasons import beyond_range
 from ..records import stored_tuning
-from ..signature import derive_signature, signature_text
+from ..signature import derive_signature, signature_class, signature_text
 from ..space import Config
 from ..specs import Workload
 from .declaration_reads import DeclarationReads
@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from .context import RuntimeContext
 
 log = logging.getLogger("ctbuild.runtime")
+
+#: How many tuning keys without a record, and how many signatures, a kernel remembers (then it
+#: starts over).
+MAX_UNRECORDED = 4096
 
 
 @dataclass
@@ -76,7 +80,13 @@ class Resolver:
         self.lock = threading.RLock()
         self.served: dict[Config, ServedKernel] = {}
         self._pinned: dict[tuple[Config, str], ServedKernel] = {}
-        self._winners: dict[tuple[str, str, str], tuple[Config, str]] = {}
+        #: per (tuning key, arch, GPU): (winner, where it came from, record key)
+        self._winners: dict[tuple[str, str, str], tuple[Config, str, str | None]] = {}
+        #: the (tuning key, arch, GPU)s the cache has no record of (a `Dim` call's own sizes,
+        #: mostly: it then takes its bucket's); bounded like the hot-path memo
+        self._unrecorded: set[tuple[str, str, str]] = set()
+        self._bucket_keys: dict[Bucket, list] = {}
+        self._signatures: dict[tuple, tuple[Any, str]] = {}  # `_signature`'s, by class
         self._maps: dict[tuple[str, str, str], tuple[Split, ...]] = {}
         self._space: list[Config] | None = None
         self._devices: dict[int, DeviceInfo] = {}
@@ -105,7 +115,7 @@ class Resolver:
             sub, bucket_why = self._refined(bucket, spec_w, arch, gpu) if bucket is not None \
                 else (None, None)
             for b in (sub, bucket):  # the (sub-)bucket's record, unless this size was tuned
-                if b is not None and (rep_key := tuned.tuning_key(b.representative)) not in keys:
+                if b is not None and (rep_key := self._bucket_key(b)) not in keys:
                     keys.append(rep_key)
             cfg, config_from, record_key, tk = self._winner(w, keys, arch, gpu, wl_json, stream,
                                                             dry)
@@ -152,7 +162,7 @@ class Resolver:
         ctx = self.ctx
         if ctx.settings.disable_autotune or ctx.toolchain_fp is None or ctx.store is None:
             return ()
-        tk = self.tuned.tuning_key(bucket.representative)
+        tk = self._bucket_key(bucket)
         memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
         found = self._maps.get(memo_key)
         if found is None:
@@ -167,6 +177,14 @@ class Resolver:
                 found = ()
             self._maps[memo_key] = found
         return found
+
+    def _bucket_key(self, bucket: Bucket) -> list:
+        """The tuning key of a bucket's representative (computed once per bucket: every new
+        size in the bucket asks for it)."""
+        tk = self._bucket_keys.get(bucket)
+        if tk is None:
+            tk = self._bucket_keys[bucket] = self.tuned.tuning_key(bucket.representative)
+        return tk
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
         """The one `ServedKernel` of a config (created on first use, thread-safe)."""
@@ -201,28 +219,33 @@ class Resolver:
         tuned, ctx = self.tuned, self.ctx
         if ctx.settings.disable_autotune:
             return tuned.default_config(w), "disabled", None, keys[-1]
-        record_key = None
         for tk in keys:
             memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
             known = self._winners.get(memo_key)
-            record_key = None
-            if ctx.toolchain_fp is not None:
-                record_key = record_key_for(tuned, tk, arch, gpu, ctx.toolchain_fp)
             if known is not None:
-                return known[0], known[1] if known[1] != "cache" else "memory", record_key, tk
+                cfg, origin, record_key = known
+                return cfg, origin if origin != "cache" else "memory", record_key, tk
+            if memo_key in self._unrecorded:
+                continue
+            record_key = self._record_key(tk, arch, gpu)
             record = stored_tuning(ctx.store, record_key) if (
                 record_key is not None and ctx.store is not None) else None
             if record is not None:
                 cfg = Config(record.config or {}, tuned.name)
                 if self._in_space(cfg):
                     if not dry:
-                        self._winners[memo_key] = (cfg, "cache")
+                        self._winners[memo_key] = (cfg, "cache", record_key)
                         LEDGER.saved("tuning", record.seconds)
                     return cfg, "cache", record_key, tk
                 log.warning("ctbuild: kernel %r: tuning record %s names config %s, which is not "
                             "in the declared search space (stale record?); treated as a miss",
                             tuned.name, record_key, record.config)
+            elif not dry and ctx.store is not None:
+                if len(self._unrecorded) >= MAX_UNRECORDED:
+                    self._unrecorded.clear()
+                self._unrecorded.add(memo_key)
         tk = keys[-1]
+        record_key = self._record_key(tk, arch, gpu)
         if dry:
             return tuned.default_config(w), "default", record_key, tk
         cfg, origin = ctx.policy.tuning_miss(
@@ -231,8 +254,13 @@ class Resolver:
             tune=lambda: tune_online(tuned, ctx, w, device=self._device_for(w), arch=arch,
                                      gpu=gpu, record_key=record_key, stream=stream,
                                      served=self.served_kernel))
-        self._winners[(json.dumps(tk, sort_keys=True), arch, gpu)] = (cfg, origin)
+        self._winners[(json.dumps(tk, sort_keys=True), arch, gpu)] = (cfg, origin, record_key)
         return cfg, origin, record_key, tk
+
+    def _record_key(self, tk: list, arch: str, gpu: str) -> str | None:
+        """The cache key of the tuning record of ``tk`` (None without a toolchain)."""
+        fp = self.ctx.toolchain_fp
+        return record_key_for(self.tuned, tk, arch, gpu, fp) if fp is not None else None
 
     def _target(self, w: Workload, arch: str | None, gpu: str | None, device: int
                 ) -> tuple[int, str, str, DeviceInfo | None]:
@@ -255,16 +283,29 @@ class Resolver:
         when the signature cannot be derived up front: the dispatcher will judge."""
         tuned, ctx = self.tuned, self.ctx
         try:
-            signature = derive_signature(tuned.kernel, tuned.kernel_args(cfg, spec_w),
-                                         mangled=False)
+            signature, text = self._signature(tuned.kernel_args(cfg, spec_w))
         except Exception as exc:  # the dispatcher will judge; ServedKernel handles a miss
             log.debug("ctbuild: %s: cannot derive the signature up front: %s", tuned.name, exc)
             return None, "exact", None
-        found = ctx.source.covering(tuned, cfg, signature, arch)
-        text = signature_text(signature)
+        found = ctx.source.covering(tuned, cfg, signature, arch, text)
         if found is not None:
             return found[1], found[0], text
         return ctx.source.key_for(tuned, cfg, signature, arch), None, text
+
+    def _signature(self, kernel_args: tuple) -> tuple[Any, str]:
+        """(signature, its text) of a launch with these kernel arguments (specs), derived once
+        per `signature_class`: a new size of a `Dim` bucket mostly shares its class (~0.2 ms
+        of a new size's resolve on a server CPU, otherwise)."""
+        cls = signature_class(self.tuned.kernel, kernel_args)
+        found = self._signatures.get(cls) if cls is not None else None
+        if found is None:
+            signature = derive_signature(self.tuned.kernel, kernel_args, mangled=False)
+            found = (signature, signature_text(signature))
+            if cls is not None:
+                if len(self._signatures) >= MAX_UNRECORDED:
+                    self._signatures.clear()
+                self._signatures[cls] = found
+        return found
 
     def _in_space(self, cfg: Config) -> bool:
         if self._space is None:

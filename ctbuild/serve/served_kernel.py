@@ -97,17 +97,20 @@ class CubinSource:
     #: `candidates` by (kernel, config, exact signature, arch): resolving a call and serving
     #: its launch ask for the same list.
     _candidates: dict[tuple, _Candidates] = field(default_factory=dict, repr=False)
+    #: `covering`'s found CUBINs, by the same memo key
+    _covered: dict[tuple, tuple[str, str]] = field(default_factory=dict, repr=False)
 
     def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str) -> str:
         """The compile key of the exact CUBIN for ``signature``."""
         return kernel_compile_key(tuned, cfg, weakened(signature, EXACT_WEAKENING),
                                   arch, self.toolchain_fp or "")
 
-    def candidates(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
-                   ) -> Iterator[tuple[Weakening, Any, str]]:
+    def candidates(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str,
+                   text: str | None = None) -> Iterator[tuple[Weakening, Any, str]]:
         """(weakening, weakened signature without symbol, compile key) to try for a call, most
-        specialised first: exact, relaxed under each declared dynamic pattern, generic."""
-        memo = (tuned.name, tuned.fingerprint, cfg, signature_text(signature), arch)
+        specialised first: exact, relaxed under each declared dynamic pattern, generic.
+        ``text``: the signature's `signature_text`, where the caller has it."""
+        memo = (tuned.name, tuned.fingerprint, cfg, text or signature_text(signature), arch)
         found = self._candidates.get(memo)
         if found is None:
             def make(weakening: Weakening) -> tuple[Weakening, Any, str]:
@@ -120,14 +123,26 @@ class CubinSource:
                 lattice(dynamic_patterns(tuned, cfg)), make)
         return iter(found)
 
-    def covering(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
-                 ) -> tuple[str, str] | None:
-        """(class, compile key) of the most specialised cached CUBIN serving this call."""
+    def covering(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str,
+                 text: str | None = None) -> tuple[str, str] | None:
+        """(class, compile key) of the most specialised cached CUBIN serving this call.
+
+        A found CUBIN is remembered per (kernel, config, signature text, arch): the sizes of a
+        `Dim` bucket share a few signatures (their divisibility), so a new size asks the cache
+        only when its signature is new. A miss is asked again next time (a CUBIN may land)."""
         if self.toolchain_fp is None or self.store is None:
             return None
-        for weakening, _, key in self.candidates(tuned, cfg, signature, arch):
+        text = text or signature_text(signature)
+        memo = (tuned.name, tuned.fingerprint, cfg, text, arch)
+        found = self._covered.get(memo)
+        if found is not None:
+            return found
+        for weakening, _, key in self.candidates(tuned, cfg, signature, arch, text):
             if self.store.has_compile(key):
-                return weakening.cls, key
+                if len(self._covered) >= MAX_CANDIDATE_LISTS:
+                    self._covered.clear()
+                self._covered[memo] = found = (weakening.cls, key)
+                return found
         return None
 
     def lookup(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
