@@ -128,3 +128,31 @@ def test_a_hostile_map_is_ignored_with_a_warning(runtime_store: Store,
     warned = [r.getMessage() for r in caplog.records if "refined buckets" in r.getMessage()]
     assert len(warned) == 1 and "the declared bucket serves" in warned[0]
     assert "is not a size in [129, 255]" in warned[0]
+
+
+def test_new_sizes_of_a_bucket_share_its_lookups(runtime_store: Store,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new size of a bucket resolves with the bucket's winner, unless its own size was
+    tuned; the cache is asked once per size for a record of its own, and a signature is
+    derived once per signature class, not per size (a serving loop meets every size once)."""
+    import ctbuild.serve.resolve as resolve_mod
+    runtime.configure(store=runtime_store, mode="default")
+    parent, own = _record(runtime_store, 256, 16), _record(runtime_store, 200, 32)
+    asked, derived = [], []
+    get_tuning, derive = runtime_store.get_tuning, resolve_mod.derive_signature
+    monkeypatch.setattr(runtime_store, "get_tuning", lambda k: (asked.append(k), get_tuning(k))[1])
+    monkeypatch.setattr(resolve_mod, "derive_signature",
+                        lambda *a, **k: (derived.append(1), derive(*a, **k))[1])
+    sizes = range(129, 257)
+    for _ in range(2):
+        for n in sizes:
+            t = Tensor((n,), "float32")
+            res = refined_copy.runtime.resolve((t, t), arch="sm_90", gpu=GPU)
+            assert (res.record_key, res.config.to_json()) == \
+                ((own, {"TILE": 32}) if n == 200 else (parent, {"TILE": 16}))
+            assert res.signature is not None
+    # once per size for a record of its own, once for the bucket's (on the first pass only)
+    assert len(asked) == len(sizes) + 1 and len(set(asked)) == len(sizes)
+    # Sizes divisible by 16 or not, for the bucket's winner (TILE 16) and the default it
+    # falls back to in this cache without CUBINs (TILE 64); L=200 (TILE 32) is not divisible.
+    assert len(derived) == 5
