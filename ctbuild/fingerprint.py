@@ -174,26 +174,25 @@ def _children(node: ast.AST) -> list[ast.AST]:
     return out
 
 
-def _nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of ``tree`` in `ast.walk`'s order (breadth first; parents before their
-    children)."""
-    out = [tree]
-    i = 0
-    while i < len(out):
-        out.extend(_children(out[i]))
-        i += 1
-    return out
-
-
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def _normalize(tree: ast.AST) -> ast.AST:
-    """Drop what cannot change compiled code: decorators and docstrings (in place; a node's
-    children are listed after it is stripped, so a dropped docstring is never visited)."""
+def _normalize_and_read(tree: ast.AST) -> list[list[str]]:
+    """Drop what cannot change compiled code (decorators, docstrings; in place) and return the
+    dotted names the rest reads: ``helper``, ``mod.helper``, ``TILE``, ``cfg.X`` (the longest
+    chain only: ``C.F`` reads ``C.F``, not all of ``C``).
+
+    One breadth-first walk (`ast.walk`'s order, parents before their children: the order names
+    are found in is the order helpers are named in, `_Walk.function_ref`); a node is stripped
+    before its children are listed, so a dropped docstring or decorator is never visited. The
+    walks were most of a fingerprint's time, and it runs at a kernel's first call."""
+    refs = []
+    inner: set[int] = set()  # attribute nodes and names inside a longer chain
     todo = [tree]
-    while todo:
-        node = todo.pop()
+    i = 0
+    while i < len(todo):
+        node = todo[i]
+        i += 1
         if isinstance(node, _DEFS):
             node.decorator_list = []
             body = node.body
@@ -201,12 +200,24 @@ def _normalize(tree: ast.AST) -> ast.AST:
                     isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
                 node.body = body[1:] or [ast.Pass()]
         todo.extend(_children(node))
-    return tree
+        if id(node) in inner:
+            continue
+        chain: list[str] = []
+        cur = node
+        while isinstance(cur, ast.Attribute):
+            chain.append(cur.attr)
+            cur = cur.value
+            inner.add(id(cur))
+        if isinstance(cur, ast.Name) and (isinstance(node, ast.Name) or chain):
+            refs.append([cur.id, *reversed(chain)])
+    return refs
 
 
 def _last_code_line(code: types.CodeType) -> int:
-    """The last source line any instruction of ``code`` or of a function nested in it spans."""
-    last = max((end for _, end, _, _ in code.co_positions() if end is not None), default=0)
+    """The last source line any instruction of ``code`` or of a function nested in it starts
+    on (`co_lines`: a tenth of `co_positions`' cost; the lines an expression continues on after
+    it are more indented than the ``def``, and `_quick_tree` takes those in)."""
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=0)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             last = max(last, _last_code_line(const))
@@ -248,7 +259,8 @@ def _quick_tree(func: types.FunctionType) -> ast.Module | None:
     return tree
 
 
-def _code_tree(func: types.FunctionType) -> ast.AST:
+def _code_tree(func: types.FunctionType) -> tuple[ast.AST, list[list[str]]]:
+    """(the normalized tree of a function's source, the dotted names it reads)."""
     tree = _quick_tree(func)
     if tree is None:
         try:
@@ -260,26 +272,7 @@ def _code_tree(func: types.FunctionType) -> ast.AST:
             tree = ast.parse(source)
         except SyntaxError:  # a lambda in the middle of an expression: keep its own text
             tree = ast.parse(f"({source.strip().rstrip(',')})")
-    return _normalize(tree)
-
-
-def _reads(tree: ast.AST) -> list[list[str]]:
-    """Dotted names the code reads: ``helper``, ``mod.helper``, ``TILE``, ``cfg.X`` (the longest
-    chain only: ``C.F`` reads ``C.F``, not all of ``C``)."""
-    refs = []
-    inner: set[int] = set()  # attribute nodes and names inside a longer chain
-    for node in _nodes(tree):  # parents come before their children
-        if id(node) in inner:
-            continue
-        chain: list[str] = []
-        cur = node
-        while isinstance(cur, ast.Attribute):
-            chain.append(cur.attr)
-            cur = cur.value
-            inner.add(id(cur))
-        if isinstance(cur, ast.Name) and (isinstance(node, ast.Name) or chain):
-            refs.append([cur.id, *reversed(chain)])
-    return refs
+    return tree, _normalize_and_read(tree)
 
 
 def _locals(code: types.CodeType) -> set[str]:
@@ -390,7 +383,7 @@ class _Walk:
         return ["repr", f"{cls.__module__}.{cls.__qualname__}", text]
 
     def visit(self, func: types.FunctionType) -> None:
-        tree = _code_tree(func)
+        tree, reads = _code_tree(func)
         name = self.function_ref(func)
         self.parts[name] = ast.dump(tree, include_attributes=False)
         local = _locals(func.__code__)
@@ -399,7 +392,7 @@ class _Walk:
             self.parts[f"{name}:default{i}"] = self.value(default, f"a default of {func.__qualname__}")
         for arg, default in sorted((func.__kwdefaults__ or {}).items()):
             self.parts[f"{name}:default:{arg}"] = self.value(default, f"{func.__qualname__}({arg}=)")
-        for chain in _reads(tree):
+        for chain in reads:
             head = chain[0]
             if head in freevars and func.__closure__:
                 try:

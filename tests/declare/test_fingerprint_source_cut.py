@@ -144,3 +144,36 @@ def test_statements_without_code_still_count(tmp_path: Path, body: str) -> None:
     spec.loader.exec_module(module)
     tree = fp._quick_tree(module.k)
     assert tree is not None and len(tree.body[0].body) == body.count("\n")
+
+
+def test_cut_matches_inspect_across_the_standard_library() -> None:
+    """Thousands of functions as people lay them out (every function of these modules): where
+    the cut gives a tree, it is inspect's tree."""
+    import argparse
+    import dataclasses
+    import email.message
+    import json.decoder
+    import json.encoder
+    import logging
+    import pathlib
+    import shutil
+    import subprocess
+    import tarfile
+    import zipfile
+    cut = total = 0
+    for module in (argparse, dataclasses, email.message, inspect, json.decoder, json.encoder,
+                   logging, pathlib, shutil, subprocess, tarfile, textwrap, zipfile, ast):
+        funcs = [v for v in vars(module).values() if isinstance(v, types.FunctionType)]
+        for cls in (v for v in vars(module).values() if isinstance(v, type)):
+            funcs += [f for f in vars(cls).values() if isinstance(f, types.FunctionType)]
+        for func in map(inspect.unwrap, funcs):  # as the fingerprint reads them
+            if func.__module__ != module.__name__:
+                continue
+            total += 1
+            tree = fp._quick_tree(func)
+            if tree is None:
+                continue
+            cut += 1
+            expected = ast.parse(textwrap.dedent(inspect.getsource(func)))
+            assert ast.dump(tree) == ast.dump(expected), f"{module.__name__}.{func.__qualname__}"
+    assert total > 1000 and cut > 0.9 * total
