@@ -232,10 +232,11 @@ class KernelRuntime:
             max(res.keys_needed, "alignment", key=KEY_LEVELS.index)
         if self._key_at_least(need):
             key = self._memo_key(args)
-        served = res.served
         if res.signature is not None and KEY_LEVELS.index(self._keys) < \
                 KEY_LEVELS.index("alignment"):  # keys without alignment: pin the signature
             served = self.resolver.pinned_kernel(res.config, res.signature)
+        else:
+            served = res.served
         entry = Entry(res.grid, served, args, res.kernel_args,
                       partial(_kernel_args, self.tuned, res.config), res.device,
                       self._zero_idx)

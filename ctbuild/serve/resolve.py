@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,7 @@ class Resolved:
     compile_key: str | None
     grid: tuple[int, ...]
     kernel_args: tuple
-    served: ServedKernel
+    served_of: Callable[[Config], ServedKernel]  # the resolver's `served_kernel`
     workload: Workload
     workload_json: dict[str, Any]
     keys_needed: str            # the key level the declared functions' reads need
@@ -69,6 +70,12 @@ class Resolved:
     spec: Workload | None = None  # the call as specs (`live_args.workload_spec`)
     sub_bucket: dict[str, int] | None = None  # the refined sub-bucket the call maps to
     bucket_why: str | None = None  # where the bucket was refined: which sub-bucket, and why
+
+    @property
+    def served(self) -> ServedKernel:
+        """The config's served kernel (made on first use: a call whose launch signature is
+        pinned launches a pinned one instead, `Resolver.pinned_kernel`)."""
+        return self.served_of(self.config)
 
 
 class Resolver:
@@ -132,7 +139,6 @@ class Resolver:
                     self.ctx.policy.cubin_miss(tuned, cfg, compile_key, arch, wl_json)
             elif beyond is not None:  # a CUBIN covers it, but no build planned or tuned it
                 cubin_class = "miss"
-            served = self.served_kernel(cfg)
             with reads:
                 grid = tuned.grid(cfg, w, dev)
                 kernel_args = tuned.kernel_args(cfg, w)
@@ -141,7 +147,7 @@ class Resolver:
                           "hold the %s", tuned.name, reads.why, reads.needs)
             return Resolved(cfg, config_from, cubin_from, cubin_class,
                             bucket.to_json() if bucket is not None else None, arch, gpu, device,
-                            tk, record_key, compile_key, grid, kernel_args, served, w, wl_json,
+                            tk, record_key, compile_key, grid, kernel_args, self.served_kernel, w, wl_json,
                             reads.needs, signature, spec_w,
                             sub.to_json() if sub is not None else None, bucket_why)
 

@@ -445,5 +445,7 @@ def test_sixteen_threads_first_calls(warm_cache: Path) -> None:
     assert not errors, errors
     for args, expected in cases:
         check("silu_mul", args, expected)
-    configs = {json.dumps(e["config"], sort_keys=True) for e in silu.runtime.provenance()["entries"]}
-    assert len(silu.runtime.resolver.served) == len(configs)
+    # one cuTile kernel object per config and pinned signature, however many threads raced
+    pairs = {(json.dumps(e.kernel.config.to_json(), sort_keys=True), e.kernel.pin)
+             for e in silu.runtime._entries}
+    assert silu.runtime.resolver.kernel_objects() == len(pairs)
