@@ -41,6 +41,12 @@ TOOLCHAIN_ENV = "CTBUILD_TOOLCHAIN"
 
 #: ``ir``: before a serving process first loads a cached CUBIN, check its TileIR digest.
 VERIFY_ENV = "CTBUILD_VERIFY"
+#: How many call layouts a kernel keeps resolved (memo and table) before it starts over.
+MAX_LAYOUTS_ENV = "CTBUILD_MAX_LAYOUTS"
+DEFAULT_MAX_LAYOUTS = 4096
+#: The range `max_layouts` accepts: at least a serving loop's few sizes; at most what a few GB
+#: of host memory holds (a layout keeps ~4 KB).
+MAX_LAYOUTS_RANGE = (16, 1 << 20)
 #: The values `VERIFY_ENV` takes (unset: no check).
 VERIFY_MODES = ("ir",)
 
@@ -60,6 +66,23 @@ def env(name: str) -> str | None:
 def env_flag(name: str) -> bool:
     """Whether a boolean ``CTBUILD_*`` variable is on (``1``, ``true``, ``yes``, ``on``)."""
     return (os.environ.get(name) or "").strip().lower() in TRUE_WORDS
+
+
+def max_layouts() -> int:
+    """``CTBUILD_MAX_LAYOUTS`` (default 4096); a value that is not a whole number in
+    `MAX_LAYOUTS_RANGE` is refused with `SettingsError` naming the range."""
+    raw = env(MAX_LAYOUTS_ENV)
+    if raw is None:
+        return DEFAULT_MAX_LAYOUTS
+    lo, hi = MAX_LAYOUTS_RANGE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = lo - 1
+    if not lo <= value <= hi:
+        raise SettingsError(f"{MAX_LAYOUTS_ENV}={raw!r}: give a whole number of call layouts "
+                            f"from {lo} to {hi} (default {DEFAULT_MAX_LAYOUTS})")
+    return value
 
 
 def verify_mode() -> str | None:

@@ -180,7 +180,8 @@ def configure(*, cache_dir: str | Path | None = None, mode: str | None = None,
         base.cache_from,
         mode=parse_mode(mode) if mode is not None else base.mode,
         disable_autotune=base.disable_autotune if disable_autotune is None else disable_autotune,
-        record=Path(record) if record is not None else base.record)
+        record=Path(record) if record is not None else base.record,
+        max_layouts=base.max_layouts)
     ctx = RuntimeContext(settings, store=store)
     _install(ctx)
     return ctx

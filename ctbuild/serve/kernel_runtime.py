@@ -57,11 +57,6 @@ __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError
            "RuntimeConfigError", "configure", "context", "preload", "preloading", "reset",
            "stats"]
 
-#: Drop the hot-path memo and table (and fold their provenance rows into totals) of a kernel
-#: when either grows past this (e.g. a scalar that varies).
-MAX_FAST_ENTRIES = 4096
-
-
 def _no_key(*args: Any) -> tuple:
     raise KeyError("no key function yet")
 
@@ -144,7 +139,7 @@ class KernelRuntime:
         are folded into totals; the next call of its layout resolves it again)."""
         if self._table is None:
             return
-        if len(self._table) >= MAX_FAST_ENTRIES:
+        if len(self._table) >= self.ctx.settings.max_layouts:
             return self._retire()
         try:
             slot = self._table.add(args, entry, entry.grid, entry.kernel, entry.hot_tail,
@@ -250,7 +245,7 @@ class KernelRuntime:
                     self._launch(entry, stream, args)
         entry.info = provenance.describe(res, launched.cubin_from, launched.cubin_class)
         if key is not None:
-            if len(self._fast) >= MAX_FAST_ENTRIES:
+            if len(self._fast) >= self.ctx.settings.max_layouts:
                 self._retire()
             entry.key = key
             self._fast[key] = entry
@@ -259,8 +254,9 @@ class KernelRuntime:
         return entry
 
     def _retire(self) -> None:
-        """Drop the hot-path memo and fold its provenance rows into totals: a scalar argument
-        that varies without bound must not grow memory."""
+        """Drop the hot-path memo and fold its provenance rows into totals, past
+        ``CTBUILD_MAX_LAYOUTS`` layouts: a scalar argument that varies without bound must not
+        grow memory."""
         self._retired += provenance.totals(self._entries)
         self._retired["rows", "dropped"] += len(self._entries)
         self._entries = []

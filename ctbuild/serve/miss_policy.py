@@ -77,6 +77,8 @@ class Settings:
     record: Path | None = None
     #: why the cache is that one, in words (`settings.CacheChoice.why`)
     cache_from: str = ""
+    #: call layouts a kernel keeps resolved before it starts over (``CTBUILD_MAX_LAYOUTS``)
+    max_layouts: int = settings.DEFAULT_MAX_LAYOUTS
 
     @classmethod
     def from_env(cls, near: Path | None = None) -> Settings:
@@ -84,12 +86,13 @@ class Settings:
         ``near`` (the first kernel's folder) and the current directory."""
         try:
             cache = settings.choose_cache(near=near)
+            layouts = settings.max_layouts()
         except settings.SettingsError as exc:
             raise RuntimeConfigError(f"ctbuild: {exc}") from None
         return cls(cache_dir=cache.path, cache_from=cache.why,
                    mode=parse_mode(settings.env(settings.MODE_ENV)),
                    disable_autotune=settings.env_flag(settings.DISABLE_AUTOTUNE_ENV),
-                   record=settings.record_file())
+                   record=settings.record_file(), max_layouts=layouts)
 
 
 def serve_without_toolchain(mode: str, problem: Exception, cache_dir: Path) -> None:

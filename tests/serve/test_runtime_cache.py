@@ -190,11 +190,10 @@ def test_hot_path_skips_the_slow_path(stub_gpu: list[tuple],
 
 def test_a_scalar_that_varies_does_not_grow_memory(stub_gpu: list[tuple],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each eps is a new layout; past the memo's bound its rows fold into totals, and the
-    counts stay whole."""
-    import ctbuild.serve.kernel_runtime as rtmod
-    monkeypatch.setattr(rtmod, "MAX_FAST_ENTRIES", 3)
+    """Each eps is a new layout; past the memo's bound (``CTBUILD_MAX_LAYOUTS``) its rows fold
+    into totals, and the counts stay whole."""
     tuned = KERNELS["rmsnorm"]
+    monkeypatch.setattr(tuned.runtime.ctx.settings, "max_layouts", 3)
     x, w, out, _ = host_tensors(tuned.workloads[0])
     eps = [1e-6 * (i + 1) for i in range(10)]
     for e in eps:

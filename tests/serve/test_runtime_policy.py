@@ -176,9 +176,17 @@ def test_env_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         ctx = runtime.context()
         assert ctx.mode == "strict" and ctx.cache_dir == tmp_path / "c"
         assert ctx.settings.record == tmp_path / "r.jsonl"
+        assert ctx.settings.max_layouts == 4096
         monkeypatch.setenv("CTBUILD_MODE", "sometimes")
         with pytest.raises(RuntimeConfigError, match="CTBUILD_MODE"):
             runtime.configure()
+        monkeypatch.setenv("CTBUILD_MODE", "strict")
+        monkeypatch.setenv("CTBUILD_MAX_LAYOUTS", "20000")
+        assert runtime.configure().settings.max_layouts == 20000
+        for bad in ("lots", "8", "1e6", str(1 << 21)):
+            monkeypatch.setenv("CTBUILD_MAX_LAYOUTS", bad)
+            with pytest.raises(RuntimeConfigError, match="CTBUILD_MAX_LAYOUTS=.* from 16 to"):
+                runtime.configure()
     finally:
         runtime.reset()
 
