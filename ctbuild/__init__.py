@@ -54,7 +54,17 @@ def _serve_runtime(tuned: TunedKernel) -> object:
     return KernelRuntime(tuned)
 
 
-set_runtime_factory(_serve_runtime, _import_serve)
+def _prepare_kernel(tuned: TunedKernel) -> None:
+    """A kernel was declared: in a serving process (torch imported, as in `_import_serve`),
+    parse and analyse its source now (`fingerprint.prepare`, ~1 ms a kernel), so that its first
+    call takes only the values its code reads. A CLI command or a compile worker does not."""
+    import sys
+    if "torch" in sys.modules:
+        from .fingerprint import prepare
+        prepare(tuned.kernel)
+
+
+set_runtime_factory(_serve_runtime, _import_serve, _prepare_kernel)
 
 
 def _preload_from_env() -> None:

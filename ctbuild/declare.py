@@ -419,14 +419,17 @@ _make_runtime: Callable[[TunedKernel], Any] | None = None
 #: Run once, at the first declaration: readies what making a runtime needs (the serve phase's
 #: imports), so a kernel's first call pays none of it.
 _prepare_runtime: Callable[[], None] | None = None
+#: Run at each declaration: readies what that kernel's first call would otherwise compute.
+_prepare_kernel: Callable[[TunedKernel], None] | None = None
 
 
 def set_runtime_factory(make: Callable[[TunedKernel], Any],
-                        prepare: Callable[[], None] | None = None) -> None:
-    """Who makes a declared kernel's runtime (the serve phase's `KernelRuntime`), and what to
-    ready at the first declaration."""
-    global _make_runtime, _prepare_runtime
-    _make_runtime, _prepare_runtime = make, prepare
+                        prepare: Callable[[], None] | None = None,
+                        prepare_kernel: Callable[[TunedKernel], None] | None = None) -> None:
+    """Who makes a declared kernel's runtime (the serve phase's `KernelRuntime`), what to ready
+    at the first declaration, and what at each."""
+    global _make_runtime, _prepare_runtime, _prepare_kernel
+    _make_runtime, _prepare_runtime, _prepare_kernel = make, prepare, prepare_kernel
 #: Makes "is this still the kernel's runtime? then route to it" one step against a context
 #: reset dropping the runtime; held for nothing else (no other lock is taken inside it).
 _ROUTE_LOCK = threading.Lock()
@@ -478,6 +481,8 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
                               "pass name= to tell them apart")
         _REGISTRY[tuned.name] = tuned
         _ready_runtime()
+        if _prepare_kernel is not None:
+            _prepare_kernel(tuned)
         return tuned
     return wrap
 

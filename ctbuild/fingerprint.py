@@ -37,6 +37,7 @@ import os
 import re
 import sys
 import textwrap
+import threading
 import types
 from typing import Any
 
@@ -259,6 +260,43 @@ def _quick_tree(func: types.FunctionType) -> ast.Module | None:
     return tree
 
 
+#: `analyse`'s results by code object (its id; the entry holds the code, so the id stays its).
+_ANALYSED: dict[int, tuple[types.CodeType, str, list[list[str]]]] = {}
+_ANALYSED_LOCK = threading.Lock()
+
+
+def analyse(func: types.FunctionType) -> tuple[str, list[list[str]]]:
+    """(the dump of a function's normalized source, the dotted names it reads): the part of a
+    fingerprint that depends on the source text alone (parsing it is most of a fingerprint's
+    time), computed once per function in a process. A serving process computes it for each
+    kernel as it is declared (`prepare`), so the kernel's first call does not; the values the
+    names hold are read at the first call, when the kernel's module has run to its end."""
+    code = func.__code__
+    hit = _ANALYSED.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1], hit[2]
+    tree, reads = _code_tree(func)
+    found = (code, ast.dump(tree, include_attributes=False), reads)
+    with _ANALYSED_LOCK:
+        _ANALYSED[id(code)] = found
+    return found[1], found[2]
+
+
+def prepare(kernel: Any) -> None:
+    """`analyse` a kernel and the project functions its module defined above it, ahead of its
+    first call (at its declaration). Never raises: what fails here fails again, and is
+    reported, when the fingerprint is taken."""
+    try:
+        root = _unwrap(kernel)
+        _, reads = analyse(root)
+        for chain in reads:
+            helper = _unwrap(root.__globals__.get(chain[0]))
+            if isinstance(helper, types.FunctionType) and not _is_library(helper):
+                analyse(helper)
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
+
+
 def _code_tree(func: types.FunctionType) -> tuple[ast.AST, list[list[str]]]:
     """(the normalized tree of a function's source, the dotted names it reads)."""
     tree = _quick_tree(func)
@@ -383,9 +421,9 @@ class _Walk:
         return ["repr", f"{cls.__module__}.{cls.__qualname__}", text]
 
     def visit(self, func: types.FunctionType) -> None:
-        tree, reads = _code_tree(func)
+        dump, reads = analyse(func)
         name = self.function_ref(func)
-        self.parts[name] = ast.dump(tree, include_attributes=False)
+        self.parts[name] = dump
         local = _locals(func.__code__)
         freevars = func.__code__.co_freevars
         for i, default in enumerate(func.__defaults__ or ()):
@@ -445,4 +483,5 @@ def kernel_fingerprint(kernel: Any) -> str:
     return xxhash.xxh3_128_hexdigest(blob)
 
 
-__all__ = ["FingerprintError", "is_library_module", "is_project_module", "kernel_fingerprint"]
+__all__ = ["FingerprintError", "analyse", "is_library_module", "is_project_module",
+           "kernel_fingerprint", "prepare"]

@@ -143,3 +143,56 @@ def test_decorators_and_docstrings_do_not_count(tmp_path: Path, base_fp: str, ol
                                                 new: str) -> None:
     assert old in BASE
     assert fp(tmp_path, BASE.replace(old, new)) == base_fp
+
+
+PREPARED = (BASE.replace("@ct.kernel", "@ctbuild.autotune(space=ctbuild.Product(TILE=[16]), "
+                         "grid=lambda cfg, w: (1,))\n@ct.kernel").replace(
+    "import cuda.tile as ct", "import cuda.tile as ct\nimport ctbuild") + '''
+
+LATER = 3.0  # defined below the kernel: read at the first call, not at the declaration
+
+
+@ct.function
+def below(t):
+    return t * LATER
+''').replace("tile=helper(t)", "tile=below(helper(t))")
+
+_PREPARED_PROBE = '''
+import json, sys
+{torch}
+import ctbuild
+from ctbuild import fingerprint as F
+sys.path.insert(0, {folder!r})
+import fpmod
+analysed = len(F._ANALYSED)
+parsed = []
+tree = F._code_tree
+F._code_tree = lambda f: (parsed.append(f.__name__), tree(f))[1]
+first, parsed_first = fpmod.kern.fingerprint, sorted(parsed)
+F._ANALYSED.clear()
+print(json.dumps({{"analysed": analysed, "parsed": parsed_first, "same": first ==
+                  F.kernel_fingerprint(fpmod.kern.kernel)}}))
+'''
+
+
+@pytest.mark.parametrize("serving", [True, False])
+def test_a_serving_process_analyses_a_kernel_at_its_declaration(tmp_path: Path,
+                                                                serving: bool) -> None:
+    """With torch imported (a serving process), declaring a kernel parses its source and its
+    helpers defined above it; its first fingerprint then parses only what was defined below
+    (and reads every value, those below the kernel included): the same fingerprint as one
+    computed from scratch. A process without torch (a CLI, a compile worker) analyses nothing
+    at the declaration."""
+    import os
+
+    from conftest import python_json
+    (tmp_path / "fpmod.py").write_text(textwrap.dedent(PREPARED))
+    code = _PREPARED_PROBE.format(torch="import torch" if serving else "", folder=str(tmp_path))
+    out = python_json(code, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert out["same"]
+    if serving:
+        # kern and helper at the declaration; what helper calls, and what is below, later
+        assert out["analysed"] == 2 and out["parsed"] == ["below", "inner"]
+    else:
+        assert out["analysed"] == 0 and sorted(out["parsed"]) == ["below", "helper", "inner",
+                                                                  "kern"]
