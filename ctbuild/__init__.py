@@ -44,7 +44,9 @@ def _import_serve() -> None:
     started = _time.perf_counter()
     from . import toolchain  # noqa: F401 - the runtime's context reads the cache's profiles
     from .serve.kernel_runtime import KernelRuntime  # noqa: F401
+    from .serve.layout_guard import native_guard
     from .serve.ledger import LEDGER
+    native_guard()  # the C hot path's import and self-test (~1 ms), once per process
     LEDGER.imported(_time.perf_counter() - started)
 
 

@@ -155,6 +155,39 @@ def test_warm_path_imports_neither_ray_nor_farm(tmp_path: Path) -> None:
     assert "kernel 'matmul'" in got["err"]
 
 
+READY_SCRIPT = r"""
+import json, sys
+sys.path[:0] = [{root!r}, {examples!r}]
+{torch}
+import ctbuild
+from ctbuild import fingerprint
+from ctbuild.serve import layout_guard
+before = "ctbuild.serve.kernel_runtime" in sys.modules
+from demo_kernels.rmsnorm import rmsnorm
+print(json.dumps({{"before": before,
+                  "serve": "ctbuild.serve.kernel_runtime" in sys.modules,
+                  "guard": layout_guard.native_guard.cache_info().currsize,
+                  "analysed": len(fingerprint._ANALYSED)}}))
+"""
+
+
+@pytest.mark.parametrize("serving", [True, False])
+def test_a_serving_process_readies_the_runtime_as_kernels_are_declared(tmp_path: Path,
+                                                                        serving: bool) -> None:
+    """Where torch is imported (a serving process), the first declaration imports the serve
+    phase and self-tests the C hot path, and each declaration analyses its kernel's source:
+    none of it is left to a first call. A process without torch (a CLI, a compile worker)
+    readies nothing."""
+    script = READY_SCRIPT.format(root=str(ROOT), examples=str(ROOT / "examples"),
+                                 torch="import torch" if serving else "")
+    got = python_json(script, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=tmp_path)
+    assert not got["before"]
+    if serving:
+        assert got["serve"] and got["guard"] == 1 and got["analysed"] >= 1
+    else:
+        assert not got["serve"] and got["guard"] == 0 and got["analysed"] == 0
+
+
 def test_import_fails_loudly_on_another_cutile(monkeypatch: pytest.MonkeyPatch) -> None:
     import cuda.tile as ct
 
