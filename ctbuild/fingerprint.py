@@ -260,9 +260,11 @@ def _quick_tree(func: types.FunctionType) -> ast.Module | None:
     return tree
 
 
-#: `analyse`'s results by code object (its id; the entry holds the code, so the id stays its).
+#: `analyse`'s results by code object (its id; the entry holds the code, so the id stays its),
+#: at most `MAX_ANALYSED` (a program declaring kernels without end starts over).
 _ANALYSED: dict[int, tuple[types.CodeType, str, list[list[str]]]] = {}
 _ANALYSED_LOCK = threading.Lock()
+MAX_ANALYSED = 4096
 
 
 def analyse(func: types.FunctionType) -> tuple[str, list[list[str]]]:
@@ -278,6 +280,8 @@ def analyse(func: types.FunctionType) -> tuple[str, list[list[str]]]:
     tree, reads = _code_tree(func)
     found = (code, ast.dump(tree, include_attributes=False), reads)
     with _ANALYSED_LOCK:
+        if len(_ANALYSED) >= MAX_ANALYSED:
+            _ANALYSED.clear()
         _ANALYSED[id(code)] = found
     return found[1], found[2]
 

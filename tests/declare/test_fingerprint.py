@@ -196,3 +196,14 @@ def test_a_serving_process_analyses_a_kernel_at_its_declaration(tmp_path: Path,
     else:
         assert out["analysed"] == 0 and sorted(out["parsed"]) == ["below", "helper", "inner",
                                                                   "kern"]
+
+
+def test_analyses_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that declares kernels without end does not keep every analysis: past the
+    bound the memo starts over, and fingerprints stay what they were."""
+    from ctbuild import fingerprint as F
+    monkeypatch.setattr(F, "MAX_ANALYSED", 2)
+    monkeypatch.setattr(F, "_ANALYSED", {})
+    first = fp(tmp_path, BASE)
+    assert len(F._ANALYSED) <= 2  # kern, helper and inner were analysed: it started over
+    assert fp(tmp_path, BASE) == first
