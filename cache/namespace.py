@@ -119,9 +119,24 @@ class Namespace:
             raise ReadOnlyCacheError(f"{self.directory} is read-only")
         with self._lock:
             if self._writer is None:
-                self._writer = diskcache.Cache(str(self.directory), timeout=WRITE_TIMEOUT_S, disk=SafeDisk,
-                                               **self._settings)
+                self._writer = self._open_writer()
             return self._writer
+
+    def _open_writer(self) -> diskcache.Cache:
+        """diskcache's writer, opened again while other writers refuse it, for up to
+        `WRITE_TIMEOUT_S`. Opening it writes its settings rows in statements of their own
+        (diskcache retries only its ``BEGIN IMMEDIATE``), and SQLite refuses such a statement at
+        once, without waiting, when another writer commits between the statement's read and its
+        write: with writers committing back to back, a process's first write failed so."""
+        deadline = time.monotonic() + WRITE_TIMEOUT_S
+        while True:
+            try:
+                return diskcache.Cache(str(self.directory), timeout=WRITE_TIMEOUT_S, disk=SafeDisk,
+                                       **self._settings)
+            except sqlite3.OperationalError as exc:
+                if not ("locked" in str(exc) or "busy" in str(exc)) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
 
     def _con(self) -> sqlite3.Connection | None:
         """This thread's (and process's) read connection; None while the database does not exist.
