@@ -26,7 +26,8 @@ exit status: 0 when the machine can do its job, 1 otherwise (each problem is pri
     every compile's environment (they would make tileiras use another ptxas/libnvvm) are
     reported as stripped, not as problems.
   serving node (--serving): no compiler needed; the cache exists, holds a toolchain profile
-    matching this cuda-tile and env, and a GPU is visible.
+    matching this cuda-tile and env, a GPU is visible, and the CTBUILD_* variables the runtime
+    reads at its first call (CTBUILD_MODE, CTBUILD_MAX_LAYOUTS, CTBUILD_VERIFY, ...) are valid.
     It also says which hot path warm calls run: the C module (ctbuild/serve/_fast_path.c) or
     the slower Python path, and why; never a problem, since both serve the same kernels.
 """
@@ -78,9 +79,26 @@ def _writable(path: Path) -> tuple[bool, str]:
         return False, f"not writable: {exc.strerror}"
 
 
+def _runtime_setting_problems() -> list[str]:
+    """The ``CTBUILD_*`` variables a serving process reads at its first kernel call, checked
+    now: a bad one would raise `RuntimeConfigError` there (the first bad one of the settings,
+    and ``CTBUILD_VERIFY``)."""
+    from ..serve.miss_policy import RuntimeConfigError, Settings
+    problems = []
+    try:
+        Settings.from_env()
+    except RuntimeConfigError as exc:
+        problems.append(str(exc).removeprefix("ctbuild: "))
+    try:
+        settings.verify_mode()
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems
+
+
 def _serving_problems(cache: Path, report: dict[str, Any]) -> list[str]:
     """What would stop a serving node from launching precompiled kernels."""
-    problems = []
+    problems = _runtime_setting_problems()
     if not report["gpu"]["visible"]:
         problems.append("no GPU visible: the runtime launches on CUDA devices")
     if not cache.is_dir():

@@ -93,6 +93,13 @@ def test_serving_mode_checks_the_cache_toolchain(tmp_path: Path) -> None:
     report = json.loads(run_cli("doctor", "--serving", "--json", "--cache", str(cache)).stdout)
     assert report["cache"]["toolchain"] == probe().fingerprint
     assert not any("toolchain" in p for p in report["problems"])
+    assert not any("CTBUILD_" in p for p in report["problems"])
+    # What the runtime would refuse at its first call is a problem here already.
+    bad = run_cli("doctor", "--serving", "--cache", str(cache),
+                  env={"CTBUILD_MAX_LAYOUTS": "lots", "CTBUILD_VERIFY": "everything"})
+    assert bad.returncode == 1
+    assert "PROBLEM: CTBUILD_MAX_LAYOUTS='lots': give a whole number" in bad.stdout
+    assert "PROBLEM: CTBUILD_VERIFY" in bad.stdout
 
 
 def test_doctor_says_which_hot_path_runs_and_why(tmp_path: Path,
