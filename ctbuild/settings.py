@@ -41,14 +41,14 @@ TOOLCHAIN_ENV = "CTBUILD_TOOLCHAIN"
 
 #: ``ir``: before a serving process first loads a cached CUBIN, check its TileIR digest.
 VERIFY_ENV = "CTBUILD_VERIFY"
+#: The values `VERIFY_ENV` takes (unset: no check).
+VERIFY_MODES = ("ir",)
 #: How many call layouts a kernel keeps resolved (memo and table) before it starts over.
 MAX_LAYOUTS_ENV = "CTBUILD_MAX_LAYOUTS"
 DEFAULT_MAX_LAYOUTS = 4096
 #: The range `max_layouts` accepts: at least a serving loop's few sizes; at most what a few GB
 #: of host memory holds (a layout keeps ~4 KB).
 MAX_LAYOUTS_RANGE = (16, 1 << 20)
-#: The values `VERIFY_ENV` takes (unset: no check).
-VERIFY_MODES = ("ir",)
 
 #: Values of a boolean variable that mean "on".
 TRUE_WORDS = ("1", "true", "yes", "on")

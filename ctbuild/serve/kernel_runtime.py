@@ -57,6 +57,7 @@ __all__ = ["KernelRuntime", "RuntimeContext", "CacheMissError", "KernelCallError
            "RuntimeConfigError", "configure", "context", "preload", "preloading", "reset",
            "stats"]
 
+
 def _no_key(*args: Any) -> tuple:
     raise KeyError("no key function yet")
 

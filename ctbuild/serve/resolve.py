@@ -43,7 +43,7 @@ log = logging.getLogger("ctbuild.runtime")
 
 #: How many tuning keys without a record, and how many signatures, a kernel remembers (then it
 #: starts over).
-MAX_UNRECORDED = 4096
+MAX_REMEMBERED = 4096
 
 
 @dataclass
@@ -247,7 +247,7 @@ class Resolver:
                             "in the declared search space (stale record?); treated as a miss",
                             tuned.name, record_key, record.config)
             elif not dry and ctx.store is not None:
-                if len(self._unrecorded) >= MAX_UNRECORDED:
+                if len(self._unrecorded) >= MAX_REMEMBERED:
                     self._unrecorded.clear()
                 self._unrecorded.add(memo_key)
         tk = keys[-1]
@@ -308,7 +308,7 @@ class Resolver:
             signature = derive_signature(self.tuned.kernel, kernel_args, mangled=False)
             found = (signature, signature_text(signature))
             if cls is not None:
-                if len(self._signatures) >= MAX_UNRECORDED:
+                if len(self._signatures) >= MAX_REMEMBERED:
                     self._signatures.clear()
                 self._signatures[cls] = found
         return found
