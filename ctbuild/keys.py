@@ -77,9 +77,22 @@ def pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+#: The argument types `_is_tensor` found to be tensors (a tensor type's ``shape``, ``dtype``
+#: and ``stride`` are its class's, so one test per type holds for its instances). A key asks
+#: per argument per call, and inside the runtime's `DeclarationReads` each attribute test of a
+#: torch tensor is a torch function call (~1.5 us).
+_TENSOR_TYPES: set[type] = set()
+_MAX_TENSOR_TYPES = 64
+
+
 def _is_tensor(value: Any) -> bool:
-    return hasattr(value, "shape") and hasattr(value, "dtype") and callable(
+    if type(value) in _TENSOR_TYPES:
+        return True
+    found = hasattr(value, "shape") and hasattr(value, "dtype") and callable(
         getattr(value, "stride", None))
+    if found and len(_TENSOR_TYPES) < _MAX_TENSOR_TYPES:
+        _TENSOR_TYPES.add(type(value))
+    return found
 
 
 def _stride_pattern(shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:

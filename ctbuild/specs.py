@@ -174,7 +174,13 @@ class Workload(Mapping[str, Any]):
         return len(self.args)
 
     def __hash__(self) -> int:
-        return hash(describe(self))
+        # A declared workload keys the runtime's memos (through its buckets) on every new size
+        # of a call: its text is made once. A workload is not changed once made.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(describe(self))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __repr__(self) -> str:
         return "Workload(" + ", ".join(f"{k}={v!r}" for k, v in self.args.items()) + ")"

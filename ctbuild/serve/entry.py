@@ -60,8 +60,11 @@ def recipe_of(call_args: tuple, kernel_args: tuple
     when some argument is neither (e.g. a new tensor view): then the args function runs per call.
     """
     recipe = []
+    position: dict[int, int] = {}  # the first position of each call argument, by identity
+    for i, a in enumerate(call_args):
+        position.setdefault(id(a), i)
     for value in kernel_args:
-        idx = next((i for i, a in enumerate(call_args) if a is value), None)
+        idx = position.get(id(value))  # both tuples are alive: equal ids are one object
         if idx is not None:
             recipe.append((True, idx))
         elif _plain(value):

@@ -92,9 +92,9 @@ class Resolver:
         #: the (tuning key, arch, GPU)s the cache has no record of (a `Dim` call's own sizes,
         #: mostly: it then takes its bucket's); bounded like the hot-path memo
         self._unrecorded: set[tuple[str, str, str]] = set()
-        self._bucket_keys: dict[Bucket, list] = {}
+        self._bucket_keys: dict[Bucket, tuple[list, str]] = {}  # `_bucket_key`'s
         self._signatures: dict[tuple, tuple[Any, str]] = {}  # `_signature`'s, by class
-        self._maps: dict[tuple[str, str, str], tuple[Split, ...]] = {}
+        self._maps: dict[tuple[Bucket, str, str], tuple[Split, ...]] = {}  # `_splits`'
         self._space: list[Config] | None = None
         self._devices: dict[int, DeviceInfo] = {}
 
@@ -117,13 +117,14 @@ class Resolver:
                 self.ctx.policy.range_miss(tuned, beyond, arch, wl_json)
             reads = DeclarationReads()
             with reads:
-                keys = [tuned.tuning_key(w)]
+                own = tuned.tuning_key(w)
                 default = tuned.default_config(w)
+            keys = [(own, _text(own))]
             sub, bucket_why = self._refined(bucket, spec_w, arch, gpu) if bucket is not None \
                 else (None, None)
             for b in (sub, bucket):  # the (sub-)bucket's record, unless this size was tuned
-                if b is not None and (rep_key := self._bucket_key(b)) not in keys:
-                    keys.append(rep_key)
+                if b is not None and (rep := self._bucket_key(b)) not in keys:
+                    keys.append(rep)
             cfg, config_from, record_key, tk = self._winner(w, keys, arch, gpu, wl_json, stream,
                                                             dry)
             cover = self._cover(cfg, spec_w, arch)
@@ -168,10 +169,10 @@ class Resolver:
         ctx = self.ctx
         if ctx.settings.disable_autotune or ctx.toolchain_fp is None or ctx.store is None:
             return ()
-        tk = self._bucket_key(bucket)
-        memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
+        memo_key = (bucket, arch, gpu)
         found = self._maps.get(memo_key)
         if found is None:
+            tk = self._bucket_key(bucket)[0]
             record_key = record_key_for(self.tuned, tk, arch, gpu, ctx.toolchain_fp)
             record = stored_tuning(ctx.store, record_key)
             try:
@@ -184,13 +185,14 @@ class Resolver:
             self._maps[memo_key] = found
         return found
 
-    def _bucket_key(self, bucket: Bucket) -> list:
-        """The tuning key of a bucket's representative (computed once per bucket: every new
-        size in the bucket asks for it)."""
-        tk = self._bucket_keys.get(bucket)
-        if tk is None:
-            tk = self._bucket_keys[bucket] = self.tuned.tuning_key(bucket.representative)
-        return tk
+    def _bucket_key(self, bucket: Bucket) -> tuple[list, str]:
+        """(the tuning key of a bucket's representative, its text): computed once per bucket,
+        as every new size in the bucket asks for it."""
+        found = self._bucket_keys.get(bucket)
+        if found is None:
+            tk = self.tuned.tuning_key(bucket.representative)
+            found = self._bucket_keys[bucket] = (tk, _text(tk))
+        return found
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
         """The one `ServedKernel` of a config (created on first use, thread-safe)."""
@@ -217,16 +219,17 @@ class Resolver:
         """How many served kernels (cuTile kernel objects) this kernel holds."""
         return len(self.served) + len(self._pinned)
 
-    def _winner(self, w: Workload, keys: list[list], arch: str, gpu: str, wl_json: dict,
-                stream: Any, dry: bool = False) -> tuple[Config, str, str | None, list]:
+    def _winner(self, w: Workload, keys: list[tuple[list, str]], arch: str, gpu: str,
+                wl_json: dict, stream: Any, dry: bool = False
+                ) -> tuple[Config, str, str | None, list]:
         """(config, where it came from, record key, tuning key): the first of ``keys`` (the
-        call's own tuning key, then its sub-bucket's, then its bucket's) with a record, else
-        the miss policy's."""
+        call's own tuning key, then its sub-bucket's, then its bucket's; each with its
+        `_text`) with a record, else the miss policy's."""
         tuned, ctx = self.tuned, self.ctx
         if ctx.settings.disable_autotune:
-            return tuned.default_config(w), "disabled", None, keys[-1]
-        for tk in keys:
-            memo_key = (json.dumps(tk, sort_keys=True), arch, gpu)
+            return tuned.default_config(w), "disabled", None, keys[-1][0]
+        for tk, text in keys:
+            memo_key = (text, arch, gpu)
             known = self._winners.get(memo_key)
             if known is not None:
                 cfg, origin, record_key = known
@@ -250,7 +253,7 @@ class Resolver:
                 if len(self._unrecorded) >= MAX_REMEMBERED:
                     self._unrecorded.clear()
                 self._unrecorded.add(memo_key)
-        tk = keys[-1]
+        tk, text = keys[-1]
         record_key = self._record_key(tk, arch, gpu)
         if dry:
             return tuned.default_config(w), "default", record_key, tk
@@ -260,7 +263,7 @@ class Resolver:
             tune=lambda: tune_online(tuned, ctx, w, device=self._device_for(w), arch=arch,
                                      gpu=gpu, record_key=record_key, stream=stream,
                                      served=self.served_kernel))
-        self._winners[(json.dumps(tk, sort_keys=True), arch, gpu)] = (cfg, origin, record_key)
+        self._winners[(text, arch, gpu)] = (cfg, origin, record_key)
         return cfg, origin, record_key, tk
 
     def _record_key(self, tk: list, arch: str, gpu: str) -> str | None:
@@ -347,6 +350,11 @@ class Resolver:
             raise KernelCallError(f"kernel {self.tuned.name!r}: arguments are on different "
                                   f"GPUs ({shown}); put them on one device")
         return next(iter(devices))
+
+
+def _text(tuning_key: Any) -> str:
+    """A tuning key as the text the resolver's memos key it by."""
+    return json.dumps(tuning_key, sort_keys=True)
 
 
 def explanation(res: Resolved, kernel: str, mode: str) -> dict[str, Any]:
