@@ -59,6 +59,10 @@ class CacheReader:
         self._lock = threading.Lock()
         self._cons: dict[str, tuple[sqlite3.Connection, str]] = {}
         self._verified: set[str] = set()
+        #: The blob `_blob` read and verified last, (digest, bytes): resolving a call checks
+        #: the CUBIN it will serve (`has_compile`), and its launch then reads it
+        #: (`get_compile`); the second read is this one. One blob: bounded memory.
+        self._last_blob: tuple[str, bytes] | None = None
         self._reported: set[tuple[str, str]] = set()
         self._writer: KernelStore | None = None
         #: What `preload` read ahead: tuning records and verified CUBINs by key.
@@ -193,10 +197,13 @@ class CacheReader:
         return data.decode("utf-8") if mode == 3 else data
 
     def _blob(self, digest: str) -> bytes | None:
-        """The blob ``digest``, re-hashed; None when absent or corrupt (quarantined by the store
-        where it may write)."""
+        """The blob ``digest``, re-hashed (but the one verified last, `_last_blob`); None when
+        absent or corrupt (quarantined by the store where it may write)."""
         if not _is_digest(digest):
             return None
+        last = self._last_blob
+        if last is not None and last[0] == digest:
+            return last[1]
         rows = self._rows("blobs", "SELECT mode, filename, value FROM Cache WHERE key = ? AND "
                           "raw = 1", (digest,))
         data = self._value("blobs", digest, *rows[0][:3]) if rows else None
@@ -210,6 +217,7 @@ class CacheReader:
                 self._quarantine(digest)
             return None
         self._verified.add(digest)
+        self._last_blob = (digest, data)
         return data
 
     def _quarantine(self, digest: str) -> None:

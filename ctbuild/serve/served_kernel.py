@@ -151,13 +151,13 @@ class CubinSource:
         found = self.lookup_class(tuned, cfg, signature, arch)
         return None if found is None else found[:2]
 
-    def lookup_class(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str
-                     ) -> tuple[bytes, str, str] | None:
+    def lookup_class(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str,
+                     text: str | None = None) -> tuple[bytes, str, str] | None:
         """(cubin, symbol, class) of the most specialised cached CUBIN serving this launch, or
-        None. Never returns a corrupt or foreign one."""
+        None. Never returns a corrupt or foreign one. ``text``: as `candidates`'."""
         if self.toolchain_fp is None or self.store is None:
             return None
-        for weakening, sig, key in self.candidates(tuned, cfg, signature, arch):
+        for weakening, sig, key in self.candidates(tuned, cfg, signature, arch, text):
             hit = self.store.get_compile(key)
             if hit is None:
                 continue
@@ -207,10 +207,12 @@ class ServedKernel(ServingKernel):
 
     def serve(self, signature: Any, context: Any, arch: Arch) -> tuple[bytes, str]:
         """The most specialised cached CUBIN covering the launch, else the miss handler's."""
+        text = signature_text(signature)  # the pin and the lookup's memo both key by it
         if self.pinned:
-            self._check_pin(signature)
+            self._check_pin(signature, text)
         with LEDGER.first("cubin_load"):
-            found = self.source.lookup_class(self.tuned, self.config, signature, str(arch))
+            found = self.source.lookup_class(self.tuned, self.config, signature, str(arch),
+                                             text)
         if found is not None:
             cubin, symbol, cls = found
             STATS.add(hits=1, **{cls: 1})
@@ -224,9 +226,9 @@ class ServedKernel(ServingKernel):
                 f"{arch} and this signature")
         return self.source.on_miss(self, signature, context, str(arch))
 
-    def _check_pin(self, signature: Any) -> None:
-        """Pin on the first signature; raise `LayoutChanged` for any other."""
-        text = signature_text(signature)
+    def _check_pin(self, signature: Any, text: str) -> None:
+        """Pin on the first signature (``text``: its `signature_text`); raise `LayoutChanged`
+        for any other."""
         with self._pin_lock:
             if self.pin is None:
                 self.pin = text

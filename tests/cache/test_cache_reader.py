@@ -56,6 +56,24 @@ def test_a_corrupt_cubin_is_a_miss_and_quarantined(tmp_path: Path) -> None:
     assert list((tmp_path / "c" / "quarantine").rglob("*"))  # the store moved it aside
 
 
+def test_the_cubin_a_resolve_checked_is_launched_from_that_read(tmp_path: Path) -> None:
+    """Resolving checks the CUBIN it will serve (`has_compile` reads and hashes its blob); the
+    launch's `get_compile` right after serves those verified bytes instead of reading and
+    hashing the file again. Only the blob verified last is held: another's damage is found."""
+    store = _filled(tmp_path / "c")
+    store.put_compile("k2", CUBIN[::-1], symbol="sym2", meta={"kernel": "x"})
+    store.close()
+    reader = CacheReader.open(tmp_path / "c")
+    assert reader is not None and reader.has_compile("k1")
+    blobs = list((tmp_path / "c" / "blobs").rglob("*.val"))
+    assert len(blobs) == 2
+    for blob in blobs:  # both damaged on disk after the check
+        blob.write_bytes(b"\x00" * 8)
+    hit = reader.get_compile("k1")
+    assert hit is not None and (hit.cubin, hit.symbol) == (CUBIN, "sym1")
+    assert reader.get_compile("k2") is None
+
+
 def test_pickled_and_incomplete_entries_are_refused(tmp_path: Path, caplog) -> None:
     import diskcache
     _filled(tmp_path / "c").close()
