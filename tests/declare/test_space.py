@@ -136,3 +136,22 @@ def test_arch_validation() -> None:
     assert Arch("SM_90").cc == 90 and Arch("sm_100").major == 10
     with pytest.raises(ValueError, match="unknown GPU arch"):
         Arch("sm_75")
+
+
+def test_a_workload_pickled_in_one_process_is_found_in_another() -> None:
+    """A workload's hash is kept once made (it keys the runtime's memos on every new size);
+    it is not pickled: text hashes differ between processes (here: another hash seed)."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    w = Workload({"A": Tensor((ctbuild.Dim("M", 1, 64), 8), "float16"), "n": 3})
+    hash(w)
+    code = ("import pickle, sys; from ctbuild import Dim, Tensor, Workload; "
+            "w = pickle.loads(sys.stdin.buffer.read()); "
+            "fresh = Workload({'A': Tensor((Dim('M', 1, 64), 8), 'float16'), 'n': 3}); "
+            "print(w == fresh, fresh in {w}, w in {fresh}, w.A.shape[1])")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(w),
+                         capture_output=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.decode()
+    assert out.split() == ["True", "True", "True", "8"]
