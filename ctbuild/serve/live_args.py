@@ -178,10 +178,22 @@ def key_expression(args: tuple, with_device: bool = True, level: str = "alignmen
     return params, expr, {"_PLAIN": PLAIN, "_token": token}
 
 
+#: The key functions made so far, by source: kernels whose arguments are of the same kinds
+#: share one (compiling it is ~0.1 ms of a kernel's first call). Bounded: then it starts over.
+_KEY_FNS: dict[str, Any] = {}
+_MAX_KEY_FNS = 256
+
+
 def make_key_fn(args: tuple, with_device: bool = True, level: str = "alignment") -> Any:
     """``key(*args)``: the `key_expression` of calls with the kinds of these arguments, as a
-    function (the slow path's memo key; the hot path inlines the expression)."""
+    function: the Python form's key and the slow path's memo key."""
     params, expr, namespace = key_expression(args, with_device, level)
     source = f"def key({params}):\n    return {expr}\n"
-    exec(compile(source, f"<ctbuild key for {len(args)} args>", "exec"), namespace)
-    return namespace["key"]
+    fn = _KEY_FNS.get(source)
+    if fn is None:
+        exec(compile(source, f"<ctbuild key for {len(args)} args>", "exec"), namespace)
+        fn = namespace["key"]
+        if len(_KEY_FNS) >= _MAX_KEY_FNS:
+            _KEY_FNS.clear()
+        _KEY_FNS[source] = fn
+    return fn
