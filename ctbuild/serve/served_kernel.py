@@ -110,13 +110,16 @@ class CubinSource:
         """(weakening, weakened signature without symbol, compile key) to try for a call, most
         specialised first: exact, relaxed under each declared dynamic pattern, generic.
         ``text``: the signature's `signature_text`, where the caller has it."""
-        memo = (tuned.name, tuned.fingerprint, cfg, text or signature_text(signature), arch)
+        text = text or signature_text(signature)
+        memo = (tuned.name, tuned.fingerprint, cfg, text, arch)
         found = self._candidates.get(memo)
         if found is None:
             def make(weakening: Weakening) -> tuple[Weakening, Any, str]:
                 sig = weakened(signature, weakening)
+                # the exact class's signature is the call's, so is its text
+                exact = text if weakening.cls == EXACT_WEAKENING.cls else None
                 return weakening, sig, kernel_compile_key(tuned, cfg, sig, arch,
-                                                          self.toolchain_fp or "")
+                                                          self.toolchain_fp or "", exact)
             if len(self._candidates) >= MAX_CANDIDATE_LISTS:
                 self._candidates.clear()
             found = self._candidates[memo] = _Candidates(
