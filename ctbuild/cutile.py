@@ -28,7 +28,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import cuda.tile as ct
 
@@ -166,11 +166,11 @@ def compiler_lock() -> Any:
     return compiler()._compiler_lock
 
 
-@dataclasses.dataclass(frozen=True)
-class FrontEnd:
+class FrontEnd(NamedTuple):
     """cuTile's front-end output for one signature: the TileIR bytecode, and what tileiras
     needs beside it. The extras are always empty under cuda-tile 1.6, whose front end has none
-    of them (foreign calls, tile libraries and library lifecycles came with 1.7)."""
+    of them (foreign calls, tile libraries and library lifecycles came with 1.7). A
+    NamedTuple: made at import (docs/architecture.md)."""
     bytecode: bytes
     preview_features: tuple[str, ...] = ()
     #: (path, version) of each tile library tileiras links.

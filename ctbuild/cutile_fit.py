@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import inspect
 from collections.abc import Callable
+from typing import NamedTuple
 
 import cuda.tile as ct
 
@@ -29,10 +30,10 @@ SUPPORTED = ">=1.6,<1.8"
 TESTED = ("1.6.0", "1.7.0")
 
 
-@dataclasses.dataclass(frozen=True)
-class Series:
+class Series(NamedTuple):
     """What differs in cuTile's private interface between the supported series (checked at
-    import, used by `front_end` and `compile_cubin`)."""
+    import, used by `front_end` and `compile_cubin`). A NamedTuple: made at import
+    (docs/architecture.md)."""
     #: ``_get_bytecode`` returns ``_BytecodeResult`` (bytecode, preview features, tile
     #: libraries to link, library lifecycle providers), not the bytecode alone.
     bytecode_result: bool

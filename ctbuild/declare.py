@@ -7,12 +7,11 @@ time and real tensors at run time.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import cuda.tile as ct
 
@@ -42,9 +41,9 @@ class DeclarationError(ValueError):
     """A declaration is wrong; the message names the kernel and the problem."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Candidates:
-    """The configs of one (kernel, workload, arch): all, after the constraint, after the cap."""
+class Candidates(NamedTuple):
+    """The configs of one (kernel, workload, arch): all, after the constraint, after the cap.
+    A NamedTuple: made at import (docs/architecture.md)."""
     total: int
     pruned: list[Config]
     kept: list[Config]

@@ -12,15 +12,14 @@ nominal SM count that differs from the serving GPU's changes nothing that is bui
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from .arch import Arch
 
 
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What grid functions may read: ``sm_count``, ``arch`` (``"sm_90"``) and ``name``."""
+class DeviceInfo(NamedTuple):
+    """What grid functions may read: ``sm_count``, ``arch`` (``"sm_90"``) and ``name``. A
+    NamedTuple: made at import (docs/architecture.md)."""
     name: str
     arch: str
     sm_count: int

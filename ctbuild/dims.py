@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from .keys import pow2
 from .specs import Tensor, Workload
@@ -103,10 +103,10 @@ def dims_of(w: Mapping[str, Any]) -> dict[str, Dim]:
     return out
 
 
-@dataclass(frozen=True)
-class DynamicPositions:
+class DynamicPositions(NamedTuple):
     """Which dims of a tensor argument vary: its shape dims, and the stride dims whose
-    contiguous stride is a product involving a varying size."""
+    contiguous stride is a product involving a varying size. A NamedTuple: made at import
+    (docs/architecture.md)."""
     shape: tuple[int, ...]
     stride: tuple[int, ...]
 
