@@ -31,15 +31,20 @@ __version__ = "0.1.0"
 IMPORT_SECONDS = _time.perf_counter() - _IMPORT_START
 
 
+def _serving() -> bool:
+    """Whether this process looks like one that serves: torch is already imported. A compile
+    worker or a CLI command that imports the user's kernels never imports torch (its import
+    takes seconds); there a kernel's first call readies what it needs itself."""
+    import sys
+    return "torch" in sys.modules
+
+
 def _import_serve() -> None:
     """The serve phase's modules, imported at the first kernel declaration (the user's module
     import), not at ``import ctbuild`` (a CLI command that declares nothing never pays) nor at
     a kernel's first call (which should cost only the CUBIN's load and launch). The cold-start
-    ledger times it. Only where torch is already imported, as in a process that serves: a
-    compile worker or a CLI command that imports the user's kernels never imports torch (its
-    import takes seconds), and there the first call imports what it needs."""
-    import sys
-    if "torch" not in sys.modules:
+    ledger times it. Only in a process that serves (`_serving`)."""
+    if not _serving():
         return
     started = _time.perf_counter()
     from . import toolchain  # noqa: F401 - the runtime's context reads the cache's profiles
@@ -57,11 +62,10 @@ def _serve_runtime(tuned: TunedKernel) -> object:
 
 
 def _prepare_kernel(tuned: TunedKernel) -> None:
-    """A kernel was declared: in a serving process (torch imported, as in `_import_serve`),
-    parse and analyse its source now (`fingerprint.prepare`, ~1 ms a kernel), so that its first
-    call takes only the values its code reads. A CLI command or a compile worker does not."""
-    import sys
-    if "torch" in sys.modules:
+    """A kernel was declared: in a process that serves (`_serving`), parse and analyse its
+    source now (`fingerprint.prepare`, ~1 ms a kernel), so that its first call takes only the
+    values its code reads."""
+    if _serving():
         from .fingerprint import prepare
         prepare(tuned.kernel)
 

@@ -299,7 +299,7 @@ class Resolver:
         found = ctx.source.covering(tuned, cfg, signature, arch, text)
         if found is not None:
             return found[1], found[0], text
-        return ctx.source.key_for(tuned, cfg, signature, arch), None, text
+        return ctx.source.key_for(tuned, cfg, signature, arch, text), None, text
 
     def _signature(self, kernel_args: tuple) -> tuple[Any, str]:
         """(signature, its text) of a launch with these kernel arguments (specs), derived once

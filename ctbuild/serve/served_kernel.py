@@ -100,10 +100,11 @@ class CubinSource:
     #: `covering`'s found CUBINs, by the same memo key
     _covered: dict[tuple, tuple[str, str]] = field(default_factory=dict, repr=False)
 
-    def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str) -> str:
-        """The compile key of the exact CUBIN for ``signature``."""
-        return kernel_compile_key(tuned, cfg, weakened(signature, EXACT_WEAKENING),
-                                  arch, self.toolchain_fp or "")
+    def key_for(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str,
+                text: str | None = None) -> str:
+        """The compile key of the exact CUBIN for ``signature``: the first of its `candidates`
+        (a miss after `covering` reads the key that lookup derived)."""
+        return next(self.candidates(tuned, cfg, signature, arch, text))[2]
 
     def candidates(self, tuned: TunedKernel, cfg: Config, signature: Any, arch: str,
                    text: str | None = None) -> Iterator[tuple[Weakening, Any, str]]:
@@ -111,7 +112,7 @@ class CubinSource:
         specialised first: exact, relaxed under each declared dynamic pattern, generic.
         ``text``: the signature's `signature_text`, where the caller has it."""
         text = text or signature_text(signature)
-        memo = (tuned.name, tuned.fingerprint, cfg, text, arch)
+        memo = _memo_key(tuned, cfg, text, arch)
         found = self._candidates.get(memo)
         if found is None:
             def make(weakening: Weakening) -> tuple[Weakening, Any, str]:
@@ -136,7 +137,7 @@ class CubinSource:
         if self.toolchain_fp is None or self.store is None:
             return None
         text = text or signature_text(signature)
-        memo = (tuned.name, tuned.fingerprint, cfg, text, arch)
+        memo = _memo_key(tuned, cfg, text, arch)
         found = self._covered.get(memo)
         if found is not None:
             return found
@@ -176,6 +177,12 @@ class CubinSource:
             LEDGER.saved("compile", (getattr(hit, "meta", None) or {}).get("compile_seconds"))
             return hit.cubin, hit.symbol, weakening.cls
         return None
+
+
+def _memo_key(tuned: TunedKernel, cfg: Config, text: str, arch: str) -> tuple:
+    """What `CubinSource`'s memos key a call's lookup by: the kernel (name and fingerprint),
+    the config, the exact signature's text and the arch."""
+    return (tuned.name, tuned.fingerprint, cfg, text, arch)
 
 
 class LayoutChanged(Exception):
