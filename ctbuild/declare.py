@@ -18,6 +18,7 @@ import cuda.tile as ct
 from . import cutile
 from .arch import Arch
 from .declaration_checks import arity_problem, bucket_problem, default_problem, did_you_mean
+from .declared_inputs import declared_check, declared_inputs
 from .device_table import DeviceInfo, wants_device
 from .dims import Bucket, expand_workloads
 from .fingerprint import FingerprintError, kernel_fingerprint
@@ -66,8 +67,8 @@ class TunedKernel:
                  key: Callable[[Workload], tuple] | None,
                  default: Mapping[str, Any] | Callable[[Workload], Mapping[str, Any]] | None,
                  workloads: Iterable[Workload | Mapping[str, Any]], restore: Sequence[str],
-                 reset_to_zero: Sequence[str], params: Sequence[str] | None,
-                 cap: int | None, name: str | None) -> None:
+                 reset_to_zero: Sequence[str], params: Sequence[str] | None, cap: int | None,
+                 name: str | None, inputs: Any = None, check: Any = None) -> None:
         if not isinstance(kernel, ct.kernel):
             raise DeclarationError(
                 f"@ctbuild.autotune must be applied over a @ct.kernel, got {kernel!r}; "
@@ -98,6 +99,8 @@ class TunedKernel:
             raise self.error(f"cap must be >= 1, got {cap}")
         self._check_argument_names(custom_args=args is not None)
         self.declared_workloads = [self._check_workload(w) for w in given]
+        self.inputs = declared_inputs(inputs, self.params, self.declared_workloads, self.error)
+        self.check = declared_check(check, self.error)
         self.dynamic_workloads, self.workloads, self.buckets = self._expand_workloads()
         self._wants_device = wants_device(grid)
         if default is not None and not callable(default):
@@ -446,8 +449,8 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
              default: Mapping[str, Any] | Callable[[Workload], Mapping[str, Any]] | None = None,
              workloads: Iterable[Workload | Mapping[str, Any]] = (),
              restore: Sequence[str] = (), reset_to_zero: Sequence[str] = (),
-             params: Sequence[str] | None = None, cap: int | None = None,
-             name: str | None = None) -> Callable[[Any], TunedKernel]:
+             params: Sequence[str] | None = None, cap: int | None = None, name: str | None = None,
+             inputs: Any = None, check: Any = None) -> Callable[[Any], TunedKernel]:
     """Declare a kernel's search space, launch mapping, tuning key, default and workloads.
 
     Args:
@@ -469,11 +472,15 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
         cap: most configs per (kernel, workload, arch) after pruning (default: the
             project's ``cap``, 30).
         name: the kernel's name in the cache and CLI (default: the function name).
+        inputs: tuning values, ``{arg: (lo, hi) or fn(w, device)}`` or ``fn(w, device) -> {..}``.
+        check: ``check(w) -> {arg: expected}``: the outputs every candidate must match (default:
+            the default config's). Both in docs/declaring.md.
     """
     def wrap(kernel: Any) -> TunedKernel:
         tuned = TunedKernel(kernel, space=space, grid=grid, args=args, hints=hints, key=key,
                             default=default, workloads=workloads, restore=restore,
-                            reset_to_zero=reset_to_zero, params=params, cap=cap, name=name)
+                            reset_to_zero=reset_to_zero, params=params, cap=cap, name=name,
+                            inputs=inputs, check=check)
         existing = _REGISTRY.get(tuned.name)
         if existing is not None and _is_duplicate(existing, tuned):
             raise tuned.error(f"declared twice: at {_where(existing)} and at {_where(tuned)}; "

@@ -7,6 +7,8 @@ from ..compile.body_check import check_bodies
 from ..compile.coverage import refined_buckets, refined_lines, summary_lines
 from ..compile.plan import make_plan
 from ..compile.plan_costs import KernelCost, kernel_costs
+from ..declare import TunedKernel
+from ..declared_inputs import unset_integer_args
 from ..project import select_kernels
 from ..specs import describe
 from ..toolchain import ToolchainError, probe
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     print("\ncoverage (serving calls outside the declared shapes):")
     for line in summary_lines(plan, kernels):
         print(("" if line.startswith("warning:") else "  ") + line)
+    print_input_notes(kernels)
     if refined:
         print("\nrefined buckets in the cache (ctbuild tune --refine: a size inside a "
               "sub-bucket runs the sub-bucket's winner):")
@@ -96,6 +99,19 @@ def run(args: argparse.Namespace) -> int:
           f"{len({e.kernel.name for e in plan.entries})} kernels on "
           f"{', '.join(project.archs)}; configs shown as all>after constraint>after cap")
     return 0
+
+
+def print_input_notes(kernels: list[TunedKernel]) -> None:
+    """One line per kernel whose integer tensors tuning fills by the default rule: lengths and
+    indices from it are safe but seldom realistic, and winners follow the values."""
+    notes = [(k.name, names) for k in kernels if (names := unset_integer_args(k))]
+    if notes:
+        print()
+    for name, names in notes:
+        print(f"note: {name}: integer tensor argument(s) {', '.join(names)} have no inputs=; "
+              "tuning fills them with 1..N-1 (N: the smallest extent above 1 of the other "
+              "tensors): declare realistic lengths/indices with inputs= "
+              "(docs/declaring.md#tuning-inputs)")
 
 
 def print_costs(costs: list[KernelCost]) -> None:
