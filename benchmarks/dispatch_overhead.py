@@ -8,6 +8,9 @@ times ``N`` back-to-back host calls of
   raw:     ct.launch(stream, grid, served_kernel, kernel_args)   (everything precomputed)
   call:    kernel(a, b, c)                (current torch stream looked up per call)
   launch:  kernel.launch(stream, a, b, c)
+  op:      torch.ops.dispatch_bench.<kernel>.default(a, b, c): the kernel as a torch op
+           (`ctbuild.torch_op`, in-place form, `WRITES`): the dispatcher's cost over ``call``
+           is ``op-call``
   alt:     kernel(*first), kernel(*second), ...: the first two declared workloads in turn, so
            no call repeats the layout of the call before (the key lookup of every call), next
            to raw launches of the same two in turn
@@ -22,7 +25,9 @@ kernel's every variant (so a slow spell of the host spreads over all kernels' ro
 medians drop it); the overhead is the median over rounds of each round's difference to its raw
 launches. Prints microseconds per call, the overheads over raw, and PASS/FAIL against the
 targets, with the device named: call and launch at most 1.0 us over raw with the C form (2.0
-with the Python form), 64 sizes at most 1.0 us over one size; ``alt`` is reported beside.
+with the Python form), 64 sizes at most 1.0 us over one size; ``alt`` and ``op`` are reported
+beside (``benchmarks/op_registration.py`` compares the op's registration with
+``torch.library.custom_op``'s on a CPU).
 
 The process is pinned to one CPU core (``--cpu auto``: the last core local to the GPU), as a
 latency benchmark (and a latency-bound service) is: a process the scheduler moves between cores
@@ -105,11 +110,11 @@ def _raw(tuned, a) -> tuple[Any, Any, tuple, tuple]:
     return entry.grid, entry.kernel, entry.build(a), entry.tail or ()
 
 
-def launchers(tuned, a, b=None
+def launchers(tuned, a, b=None, op=None
               ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]]]:
     """After one warm call of ``tuned(*a)`` (and of ``tuned(*b)``, another layout): the ways
-    to launch it (raw, call, launch; with ``b``, alt and raw_alt, two calls each), and the
-    host-only pieces of the call path, no launch (where the overhead goes)."""
+    to launch it (raw, call, launch, op: ``op(*a)``; with ``b``, alt and raw_alt, two calls
+    each), and the host-only pieces of the call path, no launch (where the overhead goes)."""
     import cuda.tile as ct
     import torch
     grid, kernel, kargs, tail = _raw(tuned, a)
@@ -119,6 +124,7 @@ def launchers(tuned, a, b=None
         "raw": lambda: ct.launch(stream, grid, kernel, kargs),
         "call": lambda: tuned(*a),
         "launch": lambda: tuned.launch(stream, *a),
+        "op": lambda: op(*a),
         "raw_handle": lambda: ct.launch(handle, grid, kernel, kargs),  # the stream as an int
         "raw_fresh": lambda: ct.launch(stream, grid, kernel, a + tail),  # a new args tuple
     }
@@ -162,6 +168,9 @@ def _form(tuned) -> str:
 #: first workload, the 64-row bucket of its Dim, is too short for 64 sizes in steps of 16; its
 #: sizes between bucket bounds are served in tests/serve/test_runtime_gpu.py).
 VARYING = {"silu_mul": (0, 1, 2), "rmsnorm": (0, 2), "matmul": (0, 2), "rope_inplace": (0, 1, 2)}
+#: Per example kernel, the call argument it writes: its op's ``mutates``.
+WRITES = {"silu_mul": "OUT", "rmsnorm": "OUT", "matmul": "C", "rope_inplace": "Q",
+          "softmax_rows": "OUT", "transpose": "OUT"}
 
 
 def sizes(tuned, a: tuple, count: int = 64) -> list[tuple] | None:
@@ -246,6 +255,7 @@ def main() -> int:
     import gpu_runtime_examples as ex
     import torch
 
+    import ctbuild
     from ctbuild import runtime
     runtime.configure(cache_dir=args.cache, mode="strict")
     out = {"device": torch.cuda.get_device_name(), "calls": args.calls, "rounds": args.rounds,
@@ -258,7 +268,8 @@ def main() -> int:
     for name, tuned in ex.load_examples().items():
         a, _ = ex.gpu_case(tuned, 0)
         b = ex.gpu_case(tuned, 1)[0] if len(tuned.workloads) > 1 else None
-        variants, parts = launchers(tuned, a, b)
+        op = ctbuild.torch_op(tuned, f"dispatch_bench::{name}", mutates=(WRITES[name],))
+        variants, parts = launchers(tuned, a, b, op)
         part_us = {k: min(per_call_us(fn, 2000) for _ in range(5)) for k, fn in parts.items()}
         for fn in variants.values():  # warm-up
             per_call_us(fn, 20)
@@ -277,14 +288,14 @@ def main() -> int:
     print(f"{'kernel':14} {'raw':>7} {'call':>7} {'launch':>7} {'call-raw':>9} {'launch-raw':>11}"
           f" {'call/raw':>9} {'key+dict':>9} {'stream':>7} {'table':>6} {'host':>6}"
           f" {'raw(int)':>9} {'raw(new)':>9} {'alt-raw':>8} {'64sz-1sz':>9} {'new-sz':>7}"
-          f" {'graph':>6}"
+          f" {'graph':>6} {'op':>7} {'op-call':>8}"
           f" {'keys':>10} {'form':>7}")
     for name, (_, _, _, part_us, samples) in cases.items():
         med = {k: statistics.median(v) for k, v in samples.items()}
         # The overhead is the median of each round's difference to the raw launch timed
         # next to it: a host whose speed drifts between rounds shifts both alike.
         over = {k: statistics.median(x - r for x, r in zip(samples[k], samples["raw"]))
-                for k in ("call", "launch")}
+                for k in ("call", "launch", "op")}
         if "alt" in samples:  # two calls per sample
             over["alt"] = statistics.median((x - r) / 2 for x, r in
                                             zip(samples["alt"], samples["raw_alt"]))
@@ -292,6 +303,9 @@ def main() -> int:
                "call_overhead_us": over["call"],
                "launch_overhead_us": over["launch"],
                "alt_overhead_us": over.get("alt"),
+               "op_overhead_us": over["op"],
+               "op_over_call_us": statistics.median(x - c for x, c in
+                                                    zip(samples["op"], samples["call"])),
                "call_ratio": med["call"] / med["raw"],
                **{f"{k}_us": v for k, v in part_us.items()}}
         row["keys"] = row_keys[name]
@@ -307,7 +321,8 @@ def main() -> int:
               f"{part_us['stream_lookup']:7.2f} {_us(part_us.get('table')):>6} "
               f"{_us(part_us.get('host_path')):>6} {med['raw_handle']:9.2f} {med['raw_fresh']:9.2f}"
               f" {_us(row['alt_overhead_us']):>8} {_us(row['sizes64_extra_us']):>9}"
-              f" {_us(row['new_size_us']):>7} {part_us['graph']:6.2f} {row['keys']:>10} {row['form']:>7}")
+              f" {_us(row['new_size_us']):>7} {part_us['graph']:6.2f} {med['op']:7.2f}"
+              f" {row['op_over_call_us']:8.2f} {row['keys']:>10} {row['form']:>7}")
     worst = max((max(r["call_overhead_us"], r["launch_overhead_us"]), n)
                 for n, r in out["kernels"].items())
     target = TARGET_US if out["hot_path"] == "C" else PYTHON_TARGET_US
@@ -315,6 +330,9 @@ def main() -> int:
     print(f"{'PASS' if ok else 'FAIL'} dispatch overhead on {out['device']}: worst "
           f"{worst[0]:.2f} us over raw ct.launch ({worst[1]}), target <= {target} us "
           f"({out['hot_path']} form)")
+    op_worst = max((r["op_over_call_us"], n) for n, r in out["kernels"].items())
+    print(f"torch op over kernel call on {out['device']}: worst {op_worst[0]:.2f} us per call "
+          f"({op_worst[1]}; the dispatcher, reported, not a target)")
     extra = [(r["sizes64_extra_us"], n) for n, r in out["kernels"].items()
              if r["sizes64_extra_us"] is not None]
     if extra:

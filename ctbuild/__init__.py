@@ -23,6 +23,7 @@ from .declare import (  # noqa: E402
 )
 from .dims import Dim  # noqa: E402
 from .keys import key, pow2  # noqa: E402
+from .serve.torch_op import torch_op  # noqa: E402
 from .space import Config, Configs, Product, Zip  # noqa: E402
 from .specs import Scalar, Tensor, Workload  # noqa: E402
 
@@ -84,4 +85,4 @@ def _preload_from_env() -> None:
 _preload_from_env()
 
 __all__ = ["Arch", "Config", "Dim", "Configs", "DeclarationError", "Product", "Scalar", "Tensor",
-           "TunedKernel", "Workload", "Zip", "autotune", "key", "pow2", "registered"]
+           "TunedKernel", "Workload", "Zip", "autotune", "key", "pow2", "registered", "torch_op"]
