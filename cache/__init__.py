@@ -26,8 +26,22 @@ if __name__ != "ctbuild.cache":  # a source tree's root on sys.path: refuse a se
     raise ImportError(f"ctbuild's cache package is ctbuild.cache, not {__name__!r} "
                       "(python -m ctbuild.cache; from ctbuild.cache import Store)")
 
+from typing import TYPE_CHECKING, Any
+
 from .digest import digest_of
 from .errors import CacheError, DamagedCacheError, ReadOnlyCacheError
-from .store import CompileHit, Store
+
+if TYPE_CHECKING:
+    from .store import CompileHit, Store
 
 __all__ = ["CacheError", "CompileHit", "DamagedCacheError", "ReadOnlyCacheError", "Store", "digest_of"]
+
+
+def __getattr__(name: str) -> Any:
+    """``Store`` and ``CompileHit``, loaded on first use: the store pulls in diskcache and
+    SQLite (about 30 ms), which a serving process writing its ledger through
+    `ctbuild.cache.user_files` never needs."""
+    if name in ("Store", "CompileHit"):
+        from . import store
+        return getattr(store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

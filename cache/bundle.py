@@ -45,9 +45,8 @@ import lzma
 import os
 import re
 import tarfile
-import tempfile
 import zlib
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -57,6 +56,7 @@ from .errors import CacheError
 from .jsontext import dumps
 from .namespace import HashingReader
 from .signing import Key, load_key, sign, subject_of, verify
+from .user_files import replacing
 
 if TYPE_CHECKING:
     from .namespace import ByteStream, Namespace
@@ -458,20 +458,15 @@ def _input(file: str | os.PathLike | IO[bytes]) -> Iterator[IO[bytes]]:
 
 @contextmanager
 def _output(file: str | os.PathLike | IO[bytes]) -> Iterator[tuple[IO[bytes], str]]:
-    """Yield (stream, tar compression). A path is written through a temp file renamed on success."""
+    """Yield (stream, tar compression). A path is written whole or not at all, and only as a
+    regular file (`ctbuild.cache.user_files`: a link is followed, a device or FIFO refused)."""
     if not isinstance(file, (str, os.PathLike)):
         yield file, ""
         return
     target = Path(file)
-    compression = COMPRESSION.get(target.suffix, "")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise CacheError(f"cannot write bundle {target}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            yield stream, compression
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with ExitStack() as stack:
+        try:
+            stream = stack.enter_context(replacing(target))
+        except OSError as exc:  # errors of the export itself are not "cannot write"
+            raise CacheError(f"cannot write bundle {target}: {exc.strerror}") from None
+        yield stream, COMPRESSION.get(target.suffix, "")

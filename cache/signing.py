@@ -36,6 +36,7 @@ from typing import Any
 
 from .errors import CacheError
 from .jsontext import dumps
+from .user_files import replacing
 
 FORMAT = "ctbuild-signature"
 VERSION = 1
@@ -110,25 +111,36 @@ def _load_pem(data: bytes, where: str) -> Key:
     return Key(ED25519, key, private, "sha256:" + hashlib.sha256(raw).hexdigest(), where)
 
 
-def keygen(private_path: Path, public_path: Path) -> str:
-    """Write a new Ed25519 key pair (private key mode 0600, never overwriting); returns the key id."""
+def keygen(private_path: Path, public_path: Path, *, force: bool = False) -> str:
+    """Write a new Ed25519 key pair (private key mode 0600); returns the key id. Never over an
+    existing key unless ``force`` (a lost private key cannot be made again), never both keys
+    to one file, and never one key without the other: both are written in full beside their
+    paths before either is renamed into place (`ctbuild.cache.user_files`)."""
     serialization, ed25519 = _crypto()
-    for path in (private_path, public_path):
-        if path.exists():
-            raise CacheError(f"{path} exists; refusing to overwrite a key (remove it or choose another name)")
+    _check_key_paths(private_path, public_path, force)
     key = ed25519.Ed25519PrivateKey.generate()
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     try:
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(private)
-        public_path.write_bytes(public)
+        with replacing(private_path, mode=0o600) as private_out, replacing(public_path) as public_out:
+            private_out.write(private)
+            public_out.write(public)
     except OSError as exc:
-        private_path.unlink(missing_ok=True)
-        raise CacheError(f"cannot write the key pair: {exc.strerror}: {exc.filename}") from None
+        raise CacheError(f"cannot write the key pair: {exc.strerror}: {exc.filename}; nothing was written") from None
     return _load_pem(public, str(public_path)).key_id or ""
+
+
+def _check_key_paths(private_path: Path, public_path: Path, force: bool) -> None:
+    if os.path.realpath(private_path) == os.path.realpath(public_path):
+        raise CacheError(f"{private_path} and {public_path} are one file: the private and the public key "
+                         "need a path each")
+    if force:
+        return
+    for path in (private_path, public_path):
+        if os.path.exists(path):
+            raise CacheError(f"{path} exists; refusing to overwrite a key (remove it, choose another name, "
+                             "or pass --force)")
 
 
 def sign(subject: str, key: Key, *, sequence: int | None = None, expires: float | None = None) -> dict[str, Any]:

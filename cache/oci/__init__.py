@@ -8,8 +8,9 @@ artifact whose ``subject`` is the image manifest (:mod:`ctbuild.cache.oci.referr
 
 Modules: ``reference`` (parse ``host/repo:tag@digest``), ``registry`` (the distribution API over
 urllib), ``layout`` (an OCI image layout on disk), ``referrers`` (attach and find signatures),
-``image`` (build and push an image from a store; pull, check and import one), ``commands`` (the
-``push``, ``pull`` and ``keygen`` subcommands).
+``image`` (build and push an image from a store; pull, check and import one), ``deadline`` (the
+time limits of talking to a registry), ``commands`` (the ``push``, ``pull`` and ``keygen``
+subcommands).
 """
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -24,3 +25,7 @@ SIGNATURE_TYPE = "application/vnd.ctbuild.signature.v1+json"
 MAX_DOCUMENT = 4 * 2**20
 #: Largest signature document read (bytes).
 MAX_SIGNATURE = 64 * 2**10
+#: ``--timeout``: seconds a push or pull may talk to a registry, from its first request.
+DEFAULT_TIMEOUT_S = 1800.0
+#: ``--read-timeout``: seconds one connect, read or write may wait for a registry.
+DEFAULT_READ_TIMEOUT_S = 60.0

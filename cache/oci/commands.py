@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import re
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from ..bundle_limits import ImportLimits
 from ..errors import CacheError
 from ..signing import keygen, load_key
+from . import DEFAULT_READ_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from .reference import parse_layout_name, parse_reference
 
 USER_ENV, PASSWORD_ENV = "CTBUILD_REGISTRY_USER", "CTBUILD_REGISTRY_PASSWORD"
@@ -52,6 +54,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, parse_archs: Any, par
                        help="an OCI image layout directory instead of a registry; REF is then a tag or sha256:DIGEST")
     where.add_argument("--plain-http", action="store_true",
                        help="talk to the registry over http (default: https, http for localhost)")
+    where.add_argument("--timeout", type=parse_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                       help="give up, writing nothing, when the registry has not finished this long after "
+                            f"the first request (default {DEFAULT_TIMEOUT_S:g}; raise it for a large image "
+                            "over a slow link)")
+    where.add_argument("--read-timeout", type=parse_seconds, default=DEFAULT_READ_TIMEOUT_S, metavar="SECONDS",
+                       help="give up when one connect, read or write waits this long for the registry "
+                            f"(default {DEFAULT_READ_TIMEOUT_S:g})")
 
     push = sub.add_parser("push", parents=[common, where], help="push the cache to a registry as an OCI image",
                           epilog=PUSH_EPILOG, formatter_class=fmt,
@@ -80,8 +89,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, parse_archs: Any, par
                          description="Write a new Ed25519 private key (mode 0600) and its public key, PEM. Sign with "
                                      "the private key (push/export --sign); give readers the public one.",
                          epilog="example: ctbuild cache keygen ci.pem ci.pub.pem", formatter_class=fmt)
-    key.add_argument("private", type=Path, metavar="PRIVATE.pem", help="private key to write (never overwritten)")
-    key.add_argument("public", type=Path, metavar="PUBLIC.pem", help="public key to write")
+    key.add_argument("private", type=Path, metavar="PRIVATE.pem",
+                     help="private key to write (never over an existing file without --force)")
+    key.add_argument("public", type=Path, metavar="PUBLIC.pem", help="public key to write (another path)")
+    key.add_argument("--force", action="store_true",
+                     help="replace existing key files (the old private key is lost)")
 
 
 def add_signing_args(parser: argparse.ArgumentParser, sign_help: str) -> None:
@@ -92,6 +104,17 @@ def add_signing_args(parser: argparse.ArgumentParser, sign_help: str) -> None:
                              "older ones with --min-sequence)")
     parser.add_argument("--expires-in", type=parse_duration, metavar="DURATION",
                         help="the signature expires after this long, e.g. 90d, 12h (default: never)")
+
+
+def parse_seconds(text: str) -> float:
+    """A positive number of seconds (``--timeout``, ``--read-timeout``)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: give a positive number, e.g. 300")
+    return seconds
 
 
 def parse_duration(text: str) -> int:
@@ -125,7 +148,13 @@ def target_of(args: argparse.Namespace, *, push: bool) -> tuple[Any, str]:
     ref = parse_reference(args.ref)
     if push and ref.digest:
         raise CacheError(f"push takes a tag, not a digest ({args.ref}): the digest is the result")
-    return Registry(ref, plain_http=args.plain_http, push=push), ref.name
+    return Registry(ref, plain_http=args.plain_http, push=push, timeout_s=args.timeout,
+                    read_timeout_s=args.read_timeout), ref.name
+
+
+def time_limits(target: Any) -> AbstractContextManager[Any]:
+    """A registry's deadline, its timer stopped when the command ends; a layout has none."""
+    return getattr(target, "deadline", None) or nullcontext()
 
 
 def run_push(store: Any, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -133,7 +162,8 @@ def run_push(store: Any, args: argparse.Namespace) -> tuple[Any, str, int]:
 
     options = signing_options(args)
     target, name = target_of(args, push=True)
-    r = push(store, target, name, archs=args.arch, **options)
+    with time_limits(target):
+        r = push(store, target, name, archs=args.arch, **options)
     text = (f"pushed {args.ref} to {target.describe()}: {r['digest']} ({r['compile_entries']} compile entries, "
             f"{r['tuning_records']} tuning records, archs {r['labels']['cache.ctbuild.image/archs']})"
             + (f", signed ({r['signature']})" if r["signature"] else ""))
@@ -152,8 +182,9 @@ def run_pull(cache: Path, args: argparse.Namespace) -> tuple[Any, str, int]:
     if key is not None and key.algorithm != "ed25519":
         raise CacheError(f"{args.key} is an HMAC secret; images are verified with an Ed25519 public key")
     target, name = target_of(args, push=False)
-    r = pull(target, name, cache, arch=arch, key=key, min_sequence=args.min_sequence,
-             import_options={"limits": ImportLimits(member_size=args.max_member_size)})
+    with time_limits(target):
+        r = pull(target, name, cache, arch=arch, key=key, min_sequence=args.min_sequence,
+                 import_options={"limits": ImportLimits(member_size=args.max_member_size)})
     text = (f"pulled {args.ref} ({r['digest']}) for {arch}{' (signature verified)' if r['signed'] else ''} into "
             f"{cache}: {r['blobs_added']} new CUBINs, {r['entries_written']} entries written, "
             f"{r['entries_unchanged']} already present")
@@ -174,7 +205,7 @@ def _arch(args: argparse.Namespace) -> str:
 
 
 def run_keygen(args: argparse.Namespace) -> tuple[Any, str, int]:
-    key_id = keygen(args.private, args.public)
+    key_id = keygen(args.private, args.public, force=args.force)
     return ({"private": str(args.private), "public": str(args.public), "key_id": key_id},
             f"wrote {args.private} (private: keep it secret, out of images) and {args.public} (public); "
             f"key id {key_id}", 0)

@@ -41,7 +41,7 @@ from ..errors import CacheError
 from ..signing import HMAC, Key, sign, verify
 from . import MAX_DOCUMENT, OCI_CONFIG, OCI_INDEX, OCI_LAYER_GZIP, OCI_MANIFEST
 from .blobs import CHUNK, check_descriptor, check_digest, descriptor, parse_json, sha256_digest
-from .referrers import Target, attach_signature, find_signatures
+from .referrers import MAX_SIGNATURES, Target, attach_signature, read_signature, signature_entries
 
 LABEL = "cache.ctbuild.image"
 FORMAT = f"ctbuild-cache-bundle/{VERSION}"
@@ -201,18 +201,23 @@ def _resolve(target: Target, name: str) -> tuple[str, dict[str, Any]]:
 
 
 def _verify_signature(target: Target, digest: str, key: Key, min_sequence: int | None) -> dict[str, Any]:
-    """The statement of the first attached signature that verifies; else the first one's error."""
-    documents, unreadable = find_signatures(target, digest)
-    if not documents and unreadable:
-        raise unreadable[0]
-    if not documents:
-        return verify(None, digest, key, what=f"image {digest[:19]}...", min_sequence=min_sequence)
+    """The statement of the first attached signature that verifies with ``key``: each is read
+    and checked in turn (one bad artifact must not hide a good one), at most MAX_SIGNATURES;
+    else the first one's error, or the bound's."""
+    what = f"image {digest[:19]}..."
+    entries = signature_entries(target, digest)
+    if not entries:
+        return verify(None, digest, key, what=what, min_sequence=min_sequence)
     first: CacheError | None = None
-    for document in documents:
+    for entry in entries[:MAX_SIGNATURES]:
         try:
-            return verify(document, digest, key, what=f"image {digest[:19]}...", min_sequence=min_sequence)
+            return verify(read_signature(target, entry), digest, key, what=what, min_sequence=min_sequence)
         except CacheError as exc:
             first = first or exc
+    if len(entries) > MAX_SIGNATURES:
+        raise CacheError(f"{what} has {len(entries)} signatures attached and none of the first {MAX_SIGNATURES} "
+                         f"verifies with {key.path}: delete the stale or foreign signature artifacts from "
+                         f"{target.describe()}, or push the image again signed; nothing was written")
     assert first is not None
     raise first
 

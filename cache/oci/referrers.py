@@ -21,8 +21,10 @@ from ..signing import parse_document
 from . import EMPTY_JSON, MAX_SIGNATURE, OCI_EMPTY, OCI_INDEX, OCI_MANIFEST, SIGNATURE_TYPE
 from .blobs import check_descriptor, check_digest, descriptor, parse_json, sha256_digest
 
-#: Signature artifacts read per image at most (each is tried until one verifies).
-MAX_SIGNATURES = 16
+#: Signature artifacts tried per image at most: each is read and verified in turn until one
+#: verifies. A bound, because anyone who can push can attach more and each costs two requests;
+#: far above what a release process attaches (one per signing key and re-sign).
+MAX_SIGNATURES = 64
 
 
 class Target(Protocol):
@@ -76,9 +78,9 @@ def _add_to_tag_index(target: Target, tag: str, entry: dict[str, Any]) -> None:
     target.put_manifest(tag, json.dumps(index, sort_keys=True).encode(), OCI_INDEX)
 
 
-def find_signatures(target: Target, digest: str) -> tuple[list[dict[str, Any]], list[CacheError]]:
-    """The signature documents attached to manifest ``digest`` (unverified: see signing.verify), and
-    why the unreadable ones could not be read (one bad artifact must not hide a good one)."""
+def signature_entries(target: Target, digest: str) -> list[dict[str, Any]]:
+    """The descriptors of the signature artifacts attached to manifest ``digest``, in the order
+    the registry (or the fallback tag's index) lists them; none is read yet."""
     listed = target.referrers(digest)
     if listed is None:
         found = target.get_manifest(fallback_tag(digest))
@@ -86,17 +88,12 @@ def find_signatures(target: Target, digest: str) -> tuple[list[dict[str, Any]], 
         if found is not None and found[1] == OCI_INDEX:
             manifests = parse_json(found[0], "referrers index").get("manifests")
             listed = manifests if isinstance(manifests, list) else []
-    signatures = [m for m in listed if isinstance(m, dict) and m.get("artifactType") == SIGNATURE_TYPE]
-    documents, errors = [], []
-    for entry in signatures[:MAX_SIGNATURES]:
-        try:
-            documents.append(_read_signature(target, check_descriptor(entry, "referrer descriptor")["digest"]))
-        except CacheError as exc:
-            errors.append(exc)
-    return documents, errors
+    return [m for m in listed if isinstance(m, dict) and m.get("artifactType") == SIGNATURE_TYPE]
 
 
-def _read_signature(target: Target, digest: str) -> dict[str, Any]:
+def read_signature(target: Target, entry: dict[str, Any]) -> dict[str, Any]:
+    """The signature document (unverified: see signing.verify) of one listed artifact."""
+    digest = check_descriptor(entry, "referrer descriptor")["digest"]
     found = target.get_manifest(digest)
     if found is None:
         raise CacheError(f"signature manifest {digest} is listed but missing from {target.describe()}")
@@ -111,4 +108,3 @@ def _read_signature(target: Target, digest: str) -> dict[str, Any]:
     out = io.BytesIO()
     target.fetch_blob(layer["digest"], layer["size"], out, "signature layer")
     return parse_document(out.getvalue(), "image")
-

@@ -7,7 +7,8 @@ credentials), ``Basic`` sends the credentials. Credentials come from ``CTBUILD_R
 ``CTBUILD_REGISTRY_PASSWORD``, else from ``docker login`` (``~/.docker/config.json``, ``auth``
 entries; credential helpers are not asked). Authorization is never forwarded on a redirect (blob downloads are
 often redirected to object storage). ``localhost``/``127.0.0.1`` registries, and ``--plain-http``,
-use http.
+use http. Every request, body and redirect included, runs under the target's time limits
+(:mod:`ctbuild.cache.oci.deadline`: ``--read-timeout`` per read, ``--timeout`` overall).
 """
 
 from __future__ import annotations
@@ -19,23 +20,27 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from http.client import HTTPException, HTTPResponse
+from types import TracebackType
 from typing import IO, Any
 
 from ..errors import CacheError
-from . import MAX_DOCUMENT, OCI_INDEX, OCI_MANIFEST
+from . import DEFAULT_READ_TIMEOUT_S, MAX_DOCUMENT, OCI_INDEX, OCI_MANIFEST
 from .blobs import copy_verified, parse_json, read_capped
 from .commands import PASSWORD_ENV, USER_ENV
+from .deadline import Deadline
 from .reference import Reference
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
-TIMEOUT_S = 60
 CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
 class Registry:
     """One repository of one registry."""
 
-    def __init__(self, ref: Reference, *, plain_http: bool = False, push: bool = False) -> None:
+    def __init__(self, ref: Reference, *, plain_http: bool = False, push: bool = False,
+                 timeout_s: float | None = None, read_timeout_s: float | None = None) -> None:
+        """``timeout_s``: the deadline of everything said to the registry while `deadline` is
+        entered (None: none); ``read_timeout_s``: of each connect, read and write (None: the default)."""
         host = ref.registry.rsplit(":", 1)[0] if not ref.registry.startswith("[") else ref.registry.split("]")[0] + "]"
         scheme = "http" if plain_http or host in LOCAL_HOSTS else "https"
         self.ref = ref
@@ -44,6 +49,8 @@ class Registry:
         user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
         self.credentials = (user, password or "") if user else _docker_login(ref.registry)
         self.auth: str | None = None
+        self.deadline = Deadline(timeout_s, read_timeout_s or DEFAULT_READ_TIMEOUT_S, self.describe())
+        self._opener = urllib.request.build_opener(_HTTPHandler(self.deadline), _HTTPSHandler(self.deadline))
 
     def describe(self) -> str:
         return f"registry {self.ref.registry}"
@@ -112,24 +119,22 @@ class Registry:
             if self.auth:
                 request.add_unredirected_header("Authorization", self.auth)
             try:
-                response = _OPENER.open(request, timeout=TIMEOUT_S)
+                response = self._opener.open(request, timeout=self.deadline.socket_timeout())
             except urllib.error.HTTPError as exc:
                 if exc.code == 401 and attempt == 1 and self._authenticate(exc.headers.get("WWW-Authenticate", "")):
                     if hasattr(data, "seek"):
                         data.seek(0)
                     continue
                 if exc.code == 404 and missing_ok:
-                    return _Response(None)
+                    return _Response(None, self.deadline, path)
                 raise CacheError(self._http_error(method, exc)) from None
-            except (urllib.error.URLError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                raise CacheError(f"cannot reach {self.describe()} ({reason}): check the address, the network, "
-                                 "or --plain-http for a registry without TLS; nothing was written") from None
+            except (urllib.error.URLError, OSError, HTTPException) as exc:
+                raise self._unreachable(exc, f"answering {method} {path}") from None
             if response.status not in ok:
                 response.close()
                 raise CacheError(f"{self.describe()} answered {method} {path} with HTTP {response.status}, "
                                  f"expected {ok[0]}; nothing was written")
-            return _Response(response)
+            return _Response(response, self.deadline, f"sending {path}")
         raise AssertionError("unreachable")
 
     def _authenticate(self, challenge: str) -> bool:
@@ -151,16 +156,23 @@ class Registry:
             request.add_unredirected_header(
                 "Authorization", "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode())
         try:
-            with _OPENER.open(request, timeout=TIMEOUT_S) as response:
+            with self._opener.open(request, timeout=self.deadline.socket_timeout()) as response:
                 body = parse_json(read_capped(response, MAX_DOCUMENT, "token response"), "token response")
-        except (urllib.error.URLError, OSError) as exc:
-            raise CacheError(f"cannot get a token from {params['realm']} ({getattr(exc, 'reason', exc)}); "
-                             f"check {USER_ENV}/{PASSWORD_ENV}; nothing was written") from None
+        except (urllib.error.URLError, OSError, HTTPException) as exc:
+            raise (self.deadline.explain(exc, "sending a token") or CacheError(
+                f"cannot get a token from {params['realm']} ({getattr(exc, 'reason', exc)}); "
+                f"check {USER_ENV}/{PASSWORD_ENV}; nothing was written")) from None
         token = body.get("token") or body.get("access_token")
         if not isinstance(token, str) or self.auth == f"Bearer {token}":
             return False
         self.auth = f"Bearer {token}"
         return True
+
+    def _unreachable(self, exc: BaseException, doing: str) -> CacheError:
+        """Why a request got no answer: the time limits, else the network."""
+        return self.deadline.explain(exc, doing) or CacheError(
+            f"cannot reach {self.describe()} ({getattr(exc, 'reason', exc)}): check the address, the network, "
+            "or --plain-http for a registry without TLS; nothing was written")
 
     def _http_error(self, method: str, exc: urllib.error.HTTPError) -> str:
         try:
@@ -192,21 +204,47 @@ def _docker_login(registry: str) -> tuple[str, str] | None:
 
 
 class _Response:
-    """A context manager around a response that may be absent (a tolerated 404); a connection that
-    breaks while the body is read becomes one line, not a traceback."""
+    """A context manager around a response that may be absent (a tolerated 404): an error while
+    its body is read (a broken connection, a time limit) becomes one line, not a traceback."""
 
-    def __init__(self, response: HTTPResponse | None) -> None:
-        self.response = response
+    def __init__(self, response: HTTPResponse | None, deadline: Deadline, doing: str) -> None:
+        self.response, self.deadline, self.doing = response, deadline, doing
 
     def __enter__(self) -> Any:
         return self.response
 
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.response is not None:
             self.response.close()
-        if exc_type is not None and issubclass(exc_type, HTTPException):
-            raise CacheError(f"the connection to the registry broke while reading ({exc_type.__name__}); "
+        if exc is None and self.deadline.expired:  # a body cut short by the deadline can look whole
+            raise self.deadline.error()
+        if exc is None:
+            return
+        if explained := self.deadline.explain(exc, self.doing):
+            raise explained from None
+        if isinstance(exc, HTTPException):
+            raise CacheError(f"the connection to the registry broke while reading ({type(exc).__name__}); "
                              "retry; nothing was written") from None
 
 
-_OPENER = urllib.request.build_opener()
+class _HTTPHandler(urllib.request.HTTPHandler):
+    """urllib's http handler, each connection's socket registered with the deadline."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        return super().do_open(self.deadline.connection(http_class), req, **kwargs)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    """urllib's https handler, each connection's socket registered with the deadline."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        return super().do_open(self.deadline.connection(http_class), req, **kwargs)

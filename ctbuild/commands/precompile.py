@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..arch import Arch
-from ..atomic_write import write_json
+from ..atomic_write import check_writable, write_json
 from ..compile.miss_records import RecordFileError, read_records
 from ..declare import TunedKernel
 from ..project import ConfigError, Project, select_kernels
@@ -114,10 +114,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    report = Path(args.report).resolve() if args.report else None
-    if report is not None and (not report.parent.is_dir() or report.is_dir()):
-        return fail(f"--report {args.report}: " + ("is a directory" if report.is_dir() else
-                                                   f"directory {report.parent} does not exist"))
+    report, problem = _report_path(args.report)
+    if problem is not None:
+        return fail(problem)
     from ..compile.worker_setup import STRIPPED_ENV
     dropped = [k for k in STRIPPED_ENV if os.environ.pop(k, None) is not None]
 
@@ -261,6 +260,21 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
         write_json(report, {"summary": summary, "worker_info": result.worker_info,
                                "jobs": rows})
     return _print_outcome(args, out, summary, result.fatal)
+
+
+def _report_path(given: str | None) -> tuple[Path | None, str | None]:
+    """(the file --report writes, or why it cannot be written): checked before the build, so a
+    wrong path fails at once. A link is followed; a device, FIFO or directory is refused."""
+    if not given:
+        return None, None
+    from ctbuild.cache.user_files import NotAFileError
+    try:
+        report = check_writable(given)
+    except NotAFileError as exc:
+        return None, f"--report {exc}"
+    if not report.parent.is_dir():
+        return None, f"--report {given}: directory {report.parent} does not exist"
+    return report, None
 
 
 def _job_rows(records: list[Any], jobs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     from ..tune.session import entries_for, tune_entries
     from ..tune.tuner import current_device
 
+    if problem := report_problem(args.report):
+        return fail(problem)
     project = project_from_args(args)
     kernels = project.kernels()
     only = [n for item in args.kernel for n in item.split(",") if n]
@@ -202,6 +204,22 @@ def run(args: argparse.Namespace) -> int:
             _print_fleet(summaries, fleet)
     out = tune_result(project, device, fp, time.perf_counter() - start, summaries, fleet)
     return finish(args, out)
+
+
+def report_problem(report: str | None) -> str | None:
+    """Why --report (the page and PATH.json) cannot be written, checked before anything is
+    measured: a device, FIFO or directory is refused, a link followed (`ctbuild.cache.user_files`)."""
+    if report is None:
+        return None
+    from ctbuild.cache.user_files import NotAFileError
+
+    from ..atomic_write import check_writable
+    try:
+        for path in (report, report + ".json"):
+            check_writable(path)
+    except NotAFileError as exc:
+        return f"--report {exc}"
+    return None
 
 
 def selection_problem(args: argparse.Namespace, kernels: list, only: list[str]) -> str | None:

@@ -11,8 +11,10 @@ are the first ones then, and a preloaded call has no first launch of its own).
 Beside them, ``avoided``: the tuning seconds of the records served and the compile seconds of
 the CUBINs served, as the build recorded them -- what this start did not spend.
 
-``CTBUILD_LEDGER=path.json`` writes it after the first launch or preload and again at exit;
-``ctbuild doctor --ledger path.json`` prints it.
+``CTBUILD_LEDGER=path.json`` writes it after the first launch or preload and again at exit,
+whole, as `ctbuild.atomic_write` writes reports (a link is followed; a device node or FIFO is
+refused with one warning and the process serves on); ``ctbuild doctor --ledger path.json``
+prints it.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class Ledger:
         self.phases_ms: dict[str, float] = {}
         self.avoided = {"tuning_s": 0.0, "compile_s": 0.0, "records": 0, "cubins": 0}
         self._exit_hook = False
+        self._failed: str | None = None  # the path a write failed on, warned about once
 
     def add(self, phase: str, seconds: float) -> None:
         """Add to a phase."""
@@ -94,12 +97,15 @@ class Ledger:
         if not self._exit_hook:
             self._exit_hook = True
             atexit.register(self.write_env)
+        from ctbuild.cache.errors import CacheError  # the writer's refusals (a device, a FIFO)
         try:
             write_json(path, self.to_json())
-        except OSError as exc:
-            import logging
-            logging.getLogger("ctbuild.runtime").warning(
-                "ctbuild: cannot write the cold-start ledger to %s (%s)", path, exc)
+        except (OSError, CacheError) as exc:
+            if path != self._failed:  # one line per path, not one per write: serving goes on
+                self._failed = path
+                import logging
+                logging.getLogger("ctbuild.runtime").warning(
+                    "ctbuild: cannot write the cold-start ledger to %s=%s: %s", LEDGER_ENV, path, exc)
 
 
 #: The process's ledger.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -17,6 +18,10 @@ from ..records import MissRecord
 from ..specs import spec_to_json
 
 log = logging.getLogger("ctbuild.runtime")
+
+#: Bytes at the end of an existing record file the first miss reads to skip lines already
+#: recorded: a bound, so a huge or endless file costs the serving path no more than this.
+RECORD_TAIL_BYTES = 2**20
 
 #: Cache directories a read failed on (damaged index or value file) -> what failed; filled by the
 #: runtime context from its store, read by the miss messages so strict mode says why it missed.
@@ -109,34 +114,45 @@ class MissLog:
 
     def write_record(self, kernel: str, workload: dict[str, Any], arch: str) -> bool:
         """Append ``{"kernel", "workload", "arch"}`` once per distinct triple (also across
-        processes appending to the same file: lines already there are not repeated).
+        processes appending to the same file: lines already near its end are not repeated).
         Workloads that differ only in what cannot change the CUBIN (alignment >= 16 bytes,
-        scalar example values) count as one: the first one seen is written."""
+        scalar example values) count as one: the first one seen is written. A record path that
+        is not a regular file is refused at the first miss with one error line; the process
+        serves on without recording."""
         if self.record is None:
             return False
         line = json.dumps(MissRecord(kernel, workload, arch).to_json())
         canon = _canonical_line(line)
         with self._lock:
-            if self._recorded is None:
-                self._recorded = set()
-                try:
-                    with open(self.record, encoding="utf-8") as f:
-                        self._recorded.update(_canonical_line(s) for s in f if s.strip())
-                except OSError:
-                    pass
-            if canon in self._recorded:
+            if self._recorded is not None and canon in self._recorded:
                 return False
-            self._recorded.add(canon)
             try:
-                self.record.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    os.write(fd, (line + "\n").encode())
-                finally:
-                    os.close(fd)
+                fd = _open_record(self.record)
+            except _NotARecordFile as exc:
+                log.error("ctbuild: CTBUILD_RECORD=%s: %s; misses are not recorded by this process",
+                          self.record, exc)
+                self.record = None
+                return False
             except OSError as exc:
                 log.error("ctbuild: cannot append to CTBUILD_RECORD=%s: %s", self.record, exc)
                 return False
+            try:
+                return self._append(fd, line, canon)
+            finally:
+                os.close(fd)
+
+    def _append(self, fd: int, line: str, canon: str) -> bool:
+        """Write ``line`` unless the file's end holds it already (read once, at the first miss)."""
+        if self._recorded is None:
+            self._recorded = _tail_lines(fd)
+            if canon in self._recorded:
+                return False
+        self._recorded.add(canon)
+        try:
+            os.write(fd, (line + "\n").encode())
+        except OSError as exc:
+            log.error("ctbuild: cannot append to CTBUILD_RECORD=%s: %s", self.record, exc)
+            return False
         return True
 
     def total(self, kernel: str | None = None) -> dict[str, int]:
@@ -146,6 +162,40 @@ class MissLog:
                 if kernel is None or k == kernel:
                     out[what] += n
             return dict(out)
+
+
+class _NotARecordFile(Exception):
+    """The record path names a FIFO, a device or a directory: nothing is written to it."""
+
+
+def _open_record(path: Path) -> int:
+    """A descriptor appending to (and reading) the record file, created if absent. Only a
+    regular file (or a link to one) is opened: a FIFO would block the serving thread until
+    someone reads it, a device such as /dev/zero has no end to read. The check is
+    `ctbuild.cache.user_files`' (imported here: only a process that records needs it); the
+    open does not block on a FIFO swapped in after it (O_NONBLOCK), which fstat then refuses."""
+    from ctbuild.cache.user_files import NotAFileError, file_target
+    try:
+        target = file_target(path)[0]
+    except NotAFileError as exc:
+        raise _NotARecordFile(str(exc)) from None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
+                 | os.O_CLOEXEC, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _NotARecordFile(f"{path} is not a regular file; give the path of one")
+    return fd
+
+
+def _tail_lines(fd: int) -> set[str]:
+    """The canonical lines in the last `RECORD_TAIL_BYTES` of the record file: the first miss
+    reads that much at most, whatever the file's size (a line cut by the start is skipped;
+    one older than the tail may be written again, and --from-record deduplicates it)."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - RECORD_TAIL_BYTES)
+    lines = os.pread(fd, size - start, start).split(b"\n")[1 if start else 0:]
+    return {_canonical_line(raw.decode("utf-8", "replace")) for raw in lines if raw.strip()}
 
 
 def _canonical_line(text: str) -> str:

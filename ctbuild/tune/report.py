@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..atomic_write import write_json
+from ..atomic_write import write_json, write_text
 
 WINNER, DEFAULT, OTHER, FAIL = "#2e7d32", "#1565c0", "#9e9e9e", "#c62828"
 
@@ -346,10 +346,11 @@ def render_html(result: dict[str, Any]) -> str:
 
 
 def write_report(path: Path, result: dict[str, Any]) -> tuple[Path, Path]:
-    """Write the HTML page at ``path`` and the data at ``path + '.json'``."""
+    """Write the HTML page at ``path`` and the data at ``path + '.json'``, each whole or not at
+    all and only as a regular file (`ctbuild.atomic_write`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(result), encoding="utf-8")
+    write_text(path, render_html(result))
     json_path = path.with_name(path.name + ".json")
     write_json(json_path, result)
     return path, json_path

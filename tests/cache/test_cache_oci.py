@@ -180,8 +180,8 @@ def test_tampered_layer_manifest_and_signature_are_refused(registry, pushed, key
 
     # A signature whose statement was edited after signing (here: a higher sequence).
     reg = Registry(parse_reference(f"{host}/kernels:v1"), push=True)
-    from ctbuild.cache.oci.referrers import attach_signature, find_signatures
-    document = find_signatures(reg, pushed["digest"])[0][0]
+    from ctbuild.cache.oci.referrers import attach_signature, read_signature, signature_entries
+    document = read_signature(reg, signature_entries(reg, pushed["digest"])[0])
     forged = {**document, "statement": {**document["statement"], "sequence": 99}}
     copy = Registry(parse_reference(f"{host}/forged:v1"), push=True)
     copy_image(reg, copy, pushed["digest"])
