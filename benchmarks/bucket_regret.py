@@ -1,6 +1,14 @@
 """How good each `Dim` bucket's winner is at the sizes inside the bucket.
 
     python benchmarks/bucket_regret.py --cache DIR [--threshold 3] [--json FILE]
+    python benchmarks/bucket_regret.py --cache DIR --measure --config C [--config C ...]
+
+``--measure`` (on a GPU) does not trust the records: at sizes the tuner did not race (along
+each Dim at 1/6, 1/2 and 5/6 of the way from the lower bound on a log scale; with several Dims,
+each Dim at 1/6 or 5/6 independently and all at 1/2), it asks the runtime what it serves
+(``explain``: the bucket's record, or the sub-bucket's where the bucket was split), races that
+config against every candidate there and prints the served config's loss over the fastest:
+p50, p95 and max over all those sizes, per kernel and in total.
 
 ``ctbuild tune`` times every bucket's winner and runners-up at the bucket's lower bound and
 geometric midpoints (interleaved, like the runoff) and keeps the winner's regret there in the
@@ -73,12 +81,116 @@ def as_served(rows: list[dict[str, Any]]
     return declared, sub_rows, served
 
 
+CHECK_FRACTIONS = (1 / 6, 1 / 2, 5 / 6)
+
+
+def check_sizes(bucket: Any) -> list[dict[str, int]]:
+    """Sizes inside ``bucket`` that the tuner does not race (`ctbuild.tune.span` races 0, 1/3
+    and 2/3 along one Dim, 0 and 1/2 along each of several)."""
+    import itertools
+    top, low = dict(bucket.sizes), bucket.lower_bounds()
+
+    def at(name: str, f: float) -> int:
+        return round(low[name] ** (1 - f) * top[name] ** f)
+    names = sorted(top)
+    combos = [[f] for f in CHECK_FRACTIONS] if len(names) == 1 else \
+        [list(c) for c in itertools.product((1 / 6, 5 / 6), repeat=len(names))] + \
+        [[1 / 2] * len(names)]
+    out: list[dict[str, int]] = []
+    for combo in combos:
+        sizes = {n: at(n, f) for n, f in zip(names, combo)}
+        if sizes != top and sizes not in out:
+            out.append(sizes)
+    return out
+
+
+def measured_rows(cache: Path, configs: list[Path]) -> list[dict[str, Any]]:
+    """Per check size of every declared bucket tuned on this GPU: the served config's loss
+    over the fastest candidate there, raced interleaved."""
+    from ctbuild import runtime
+    from ctbuild.arch import Arch
+    from ctbuild.cache import Store
+    from ctbuild.dims import concretize
+    from ctbuild.project import load_project
+    from ctbuild.toolchain import toolchain_for
+    from ctbuild.tune.choice import TieBand
+    from ctbuild.tune.measuring import Benches
+    from ctbuild.tune.race import RaceBudget, race
+    from ctbuild.tune.tuner import current_device
+    device = current_device()
+    store = Store(cache)
+    fp = toolchain_for(store)
+    runtime.configure(store=Store(cache, readonly=True), mode="default")
+    rows = []
+    for config in configs:
+        for kernel in load_project(config).kernels():
+            benches = Benches(kernel, store, fp, device)
+            for bucket in kernel.buckets.values():
+                for sizes in check_sizes(bucket):
+                    spec = concretize(bucket.declared, sizes)
+                    served = kernel.explain(*[spec[p] for p in kernel.params],
+                                            arch=device.arch, gpu=device.name)
+                    if served.get("config_from") != "record":
+                        continue  # not tuned on this GPU
+                    cands = list(kernel.candidates(spec, Arch(device.arch)).kept)
+                    won = next((c for c in cands if c.to_json() == served["config"]), None)
+                    if won is None:
+                        continue
+                    result = race(cands, benches.on_spec(spec).sample, TieBand(1.0),
+                                  RaceBudget(min_rounds=5, max_rounds=20, max_seconds=3.0))
+                    times = {t.config: t.mean_us for t in result.timings}
+                    if won not in times:
+                        continue
+                    fastest = min(times, key=lambda c: times[c])
+                    rows.append({"kernel": kernel.name, "bucket": bucket.to_json(),
+                                 "sizes": sizes, "sub_bucket": served.get("sub_bucket"),
+                                 "served": served["config"], "fastest": fastest.to_json(),
+                                 "regret_pct": round(100 * (times[won] / times[fastest] - 1),
+                                                     3)})
+    runtime.reset()
+    return rows
+
+
+def print_measured(rows: list[dict[str, Any]], gpu: str) -> None:
+    for r in rows:
+        print(f"{r['kernel']:<18} bucket {json.dumps(r['bucket'])} at {json.dumps(r['sizes'])}"
+              + (f" (sub-bucket {json.dumps(r['sub_bucket'])})" if r["sub_bucket"] else "")
+              + f": served {r['served']} {r['regret_pct']:+.2f}% vs {r['fastest']}")
+    for name in sorted({r["kernel"] for r in rows}):
+        mine = [r["regret_pct"] for r in rows if r["kernel"] == name]
+        print(f"{name}: {len(mine)} sizes, served regret p95 {percentile(mine, 95):.2f}%, "
+              f"max {max(mine):.2f}%")
+    every = [r["regret_pct"] for r in rows]
+    print(f"GPU: {gpu}; served regret at {len(every)} sizes the tuner did not race: p50 "
+          f"{percentile(every, 50):.2f}%, p95 {percentile(every, 95):.2f}%, max "
+          f"{max(every, default=0.0):.2f}%")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, required=True)
     ap.add_argument("--threshold", type=float, default=3.0, help="percent (default: 3)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--measure", action="store_true",
+                    help="race the served config at sizes the tuner did not (needs a GPU)")
+    ap.add_argument("--config", type=Path, action="append", default=[],
+                    help="a project whose kernels to measure (with --measure; repeatable)")
     args = ap.parse_args()
+    if args.measure:
+        import torch
+        if not args.config:
+            print("--measure needs --config (the projects the cache was tuned for)",
+                  file=sys.stderr)
+            return 2
+        rows = measured_rows(args.cache, args.config)
+        if not rows:
+            print(f"no bucket of those projects is tuned on this GPU in {args.cache}",
+                  file=sys.stderr)
+            return 2
+        print_measured(rows, torch.cuda.get_device_name())
+        if args.json:
+            args.json.write_text(json.dumps({"measured": rows}, indent=1))
+        return 0
     rows = bucket_rows(args.cache)
     if not rows:
         print(f"no tuning record in {args.cache} holds a bucket regret: tune a project with "

@@ -1,19 +1,20 @@
-"""Refined `Dim` buckets: where ``ctbuild tune --refine`` split a declared bucket, and which
+"""Refined `Dim` buckets: where ``ctbuild tune`` split a declared bucket, and which
 sub-bucket a size maps to.
 
-A declared bucket is tuned at its upper bound. Where its winner's regret at a size inside the
-bucket exceeds the tie band, ``--refine`` splits the bucket at that size: the sizes up to that
-*split point* (in every Dim of the bucket) form a sub-bucket, tuned at the point and recorded
-under the point's own tuning key, like any other record. The split points live in the declared
-bucket's tuning record (its ``refined`` field): so the map is keyed exactly as records are
-(kernel fingerprint, tuning key, GPU arch and model, toolchain), travels with bundles and cache
-images, is pruned with the record, and is found on the read the runtime already makes for the
-bucket. A size maps to the first (smallest) split point it does not exceed in any Dim, else to
-the declared bucket; a record without ``refined`` maps every size as the declaration does.
+A declared bucket is tuned over its sizes (`ctbuild.tune.span`). Where no config is within the
+tie band at all of them, ``ctbuild tune`` splits the bucket along one Dim: the sizes up to a
+*split point* (in every Dim of the bucket; the Dims not split at their upper bound) form a
+sub-bucket, whose winner is recorded under the point's own tuning key, like any other record.
+The split points live in the declared bucket's tuning record (its ``refined`` field): so the
+map is keyed exactly as records are (kernel fingerprint, tuning key, GPU arch and model,
+toolchain), travels with bundles and cache images, is pruned with the record, and is found on
+the read the runtime already makes for the bucket. A size maps to the first (smallest) split
+point it does not exceed in any Dim, else to the declared bucket; a record without ``refined``
+maps every size as the declaration does.
 
 The record comes from a cache that may be shared, so the entry is read defensively: plain JSON
 only, at most `MAX_SPLITS` points, each naming exactly the bucket's Dims with whole sizes inside
-the bucket and below its upper bound, increasing in every Dim. Anything else is refused with
+the bucket, below its upper bound in one Dim at least, each point above the one before. Anything else is refused with
 its reason (`BucketMapError`); the runtime then warns and serves the declared bucket.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from .dims import Bucket
 
-#: The most split points one bucket's record may hold (``--refine N`` asks for at most N).
+#: The most split points one bucket's record may hold (``--refine N`` and ``max_splits=`` ask for at most N).
 MAX_SPLITS = 4
 #: The format of the ``refined`` entry this ctbuild writes and reads.
 REFINED_FORMAT = 1
@@ -48,8 +49,9 @@ class Split:
         split point, where it is tuned; its smallest sizes are the bucket's, or one above the
         split ``below`` it (where its regret is timed)."""
         low = bucket.lower_bounds()
-        if below is not None:
-            low = {n: min(v, below.sizes[n] + 1) for n, v in self.point}
+        if below is not None:  # a Dim not split between the two keeps the bucket's bound
+            low = {n: min(v, below.sizes[n] + 1) if below.sizes[n] < v else low[n]
+                   for n, v in self.point}
         return Bucket(bucket.declared, self.point, tuple((n, low[n]) for n, _ in self.point))
 
     def holds(self, sizes: Mapping[str, int]) -> bool:
@@ -83,9 +85,10 @@ def read_splits(raw: Any, bucket: Bucket) -> tuple[Split, ...]:
         raise BucketMapError(f"{len(points)} splits, more than the {MAX_SPLITS} a bucket may have")
     out = tuple(_split(p, bucket) for p in points)
     for a, b in zip(out, out[1:]):
-        if not all(x < y for (_, x), (_, y) in zip(a.point, b.point)):
-            raise BucketMapError(f"split {b.sizes} does not lie above split {a.sizes} in "
-                                 "every Dim")
+        pairs = [(x, y) for (_, x), (_, y) in zip(a.point, b.point)]
+        if not all(x <= y for x, y in pairs) or all(x == y for x, y in pairs):
+            raise BucketMapError(f"split {b.sizes} does not lie above split {a.sizes} (at "
+                                 "least as large in every Dim, larger in one)")
     return out
 
 
@@ -98,10 +101,12 @@ def _split(obj: Any, bucket: Bucket) -> Split:
         raise BucketMapError(f"a split must give sizes of exactly {sorted(top)}, got {got}")
     low = bucket.lower_bounds()
     for name, v in sizes.items():
-        if not isinstance(v, int) or isinstance(v, bool) or not low[name] <= v < top[name]:
+        if not isinstance(v, int) or isinstance(v, bool) or not low[name] <= v <= top[name]:
             raise BucketMapError(f"split size {name}={str(v)[:20]} is not a size in "
-                                 f"[{low[name]}, {top[name] - 1}] (inside the bucket, below "
-                                 "its upper bound)")
+                                 f"[{low[name]}, {top[name]}] (inside the bucket)")
+    if sizes == top:
+        raise BucketMapError(f"split {sizes} is the bucket's upper bound: a split lies below "
+                             "it in at least one Dim")
     regret = obj.get("regret_pct")
     shown = float(regret) if isinstance(regret, (int, float)) and not isinstance(regret, bool) \
         else None
@@ -125,10 +130,10 @@ def why(sizes: Mapping[str, int], bucket: Bucket, splits: Sequence[Split],
     at = ", ".join(f"{n}={v}" for n, v in sorted(sizes.items()))
     parent = describe_bucket(bucket.to_json())
     if chosen is None:
-        return (f"{at} is above every sub-bucket ctbuild tune --refine split from bucket "
+        return (f"{at} is above every sub-bucket ctbuild tune split from bucket "
                 f"{parent} ({'; '.join(describe_bucket(s.sizes) for s in splits)}): the "
                 "bucket's own record serves")
     cause = "" if chosen.regret_pct is None else \
         f"; the bucket's winner was {chosen.regret_pct:.1f}% slower there"
     return (f"{at} falls in sub-bucket {describe_bucket(chosen.sizes)}, which ctbuild tune "
-            f"--refine split from bucket {parent}{cause}: the sub-bucket's record serves")
+            f"split from bucket {parent}{cause}: the sub-bucket's record serves")

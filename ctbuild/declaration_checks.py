@@ -12,6 +12,7 @@ import difflib
 import inspect
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .bucket_map import MAX_SPLITS
 from .space import HINT_NAMES, TRITON_KNOBS, Config, Space
 
 #: CUDA's grid limits (blocks per dimension) on every arch tileiras targets; cuTile's launch
@@ -168,3 +169,30 @@ def idle_axis_problem(axis: str, kernel_params: Sequence[str]) -> str:
                f"hints, or drop it; hints: {', '.join(HINT_NAMES)}")
     return (f"axis {axis!r} reaches nothing (no kernel parameter, no cuTile hint, not read by "
             f"grid/args/hints), so its values would compile and tune duplicates; {why}")
+
+
+def duplicate_problem(existing: Any, new: Any) -> str | None:
+    """Two declarations under one name (`TunedKernel` s): in two modules, or twice in one run
+    of a module. A module imported afresh (a new module object) re-declares its kernels: not a
+    duplicate."""
+    def where(k: Any) -> str:
+        code = k.pyfunc.__code__
+        return f"{k.module}.{k.pyfunc.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+    if existing.module == new.module:
+        if existing.pyfunc.__globals__ is not new.pyfunc.__globals__:
+            return None
+        old, cur = existing.pyfunc.__code__, new.pyfunc.__code__
+        if (old.co_filename, old.co_firstlineno) == (cur.co_filename, cur.co_firstlineno):
+            return None
+    return (f"declared twice: at {where(existing)} and at {where(new)}; pass name= to tell "
+            "them apart")
+
+
+def checked_max_splits(value: Any, error: Callable[[str], Exception]) -> int | None:
+    """``max_splits=``: None (the CLI's ``--refine N``) or a whole number from 0 to 4."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SPLITS:
+        raise error(f"max_splits must be a whole number from 0 to {MAX_SPLITS} (how many times "
+                    f"a Dim bucket may be split), got {value!r}")
+    return value

@@ -8,6 +8,7 @@ time and real tensors at run time.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from operator import attrgetter
 from pathlib import Path
@@ -17,7 +18,14 @@ import cuda.tile as ct
 
 from . import cutile
 from .arch import Arch
-from .declaration_checks import arity_problem, bucket_problem, default_problem, did_you_mean
+from .declaration_checks import (
+    arity_problem,
+    bucket_problem,
+    checked_max_splits,
+    default_problem,
+    did_you_mean,
+    duplicate_problem,
+)
 from .declared_inputs import declared_check, declared_inputs
 from .device_table import DeviceInfo, wants_device
 from .dims import Bucket, expand_workloads
@@ -68,7 +76,8 @@ class TunedKernel:
                  default: Mapping[str, Any] | Callable[[Workload], Mapping[str, Any]] | None,
                  workloads: Iterable[Workload | Mapping[str, Any]], restore: Sequence[str],
                  reset_to_zero: Sequence[str], params: Sequence[str] | None, cap: int | None,
-                 name: str | None, inputs: Any = None, check: Any = None) -> None:
+                 name: str | None, inputs: Any = None, check: Any = None,
+                 max_splits: int | None = None) -> None:
         if not isinstance(kernel, ct.kernel):
             raise DeclarationError(
                 f"@ctbuild.autotune must be applied over a @ct.kernel, got {kernel!r}; "
@@ -101,6 +110,7 @@ class TunedKernel:
         self.declared_workloads = [self._check_workload(w) for w in given]
         self.inputs = declared_inputs(inputs, self.params, self.declared_workloads, self.error)
         self.check = declared_check(check, self.error)
+        self.max_splits = checked_max_splits(max_splits, self.error)
         self.dynamic_workloads, self.workloads, self.buckets = self._expand_workloads()
         self._wants_device = wants_device(grid)
         if default is not None and not callable(default):
@@ -400,20 +410,6 @@ def _jsonable(value: Any) -> Any:
 _REGISTRY: dict[str, TunedKernel] = {}
 
 
-def _where(tuned: TunedKernel) -> str:
-    code = tuned.pyfunc.__code__
-    return f"{tuned.module}.{tuned.pyfunc.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
-
-
-def _is_duplicate(existing: TunedKernel, new: TunedKernel) -> bool:
-    """Two declarations under one name: in two modules, or twice in one run of a module.
-    A module imported afresh (a new module object) re-declares its kernels: not a duplicate."""
-    if existing.module != new.module:
-        return True
-    if existing.pyfunc.__globals__ is not new.pyfunc.__globals__:
-        return False
-    old, cur = existing.pyfunc.__code__, new.pyfunc.__code__
-    return (old.co_filename, old.co_firstlineno) != (cur.co_filename, cur.co_firstlineno)
 _RUNTIME_LOCK = threading.Lock()
 #: Makes a declared kernel's runtime at its first call. The package wires the serve phase in
 #: (`ctbuild/__init__.py`, `set_runtime_factory`), so the declaration API imports no phase.
@@ -450,7 +446,8 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
              workloads: Iterable[Workload | Mapping[str, Any]] = (),
              restore: Sequence[str] = (), reset_to_zero: Sequence[str] = (),
              params: Sequence[str] | None = None, cap: int | None = None, name: str | None = None,
-             inputs: Any = None, check: Any = None) -> Callable[[Any], TunedKernel]:
+             inputs: Any = None, check: Any = None,
+             max_splits: int | None = None) -> Callable[[Any], TunedKernel]:
     """Declare a kernel's search space, launch mapping, tuning key, default and workloads.
 
     Args:
@@ -475,16 +472,19 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
         inputs: tuning values, ``{arg: (lo, hi) or fn(w, device)}`` or ``fn(w, device) -> {..}``.
         check: ``check(w) -> {arg: expected}``: the outputs every candidate must match (default:
             the default config's). Both in docs/declaring.md.
+        max_splits: how many times ``ctbuild tune`` may split each `Dim` bucket (0 to 4; default:
+            its ``--refine N``, 2), where no config is within the tie band at all its sizes.
     """
     def wrap(kernel: Any) -> TunedKernel:
         tuned = TunedKernel(kernel, space=space, grid=grid, args=args, hints=hints, key=key,
                             default=default, workloads=workloads, restore=restore,
                             reset_to_zero=reset_to_zero, params=params, cap=cap, name=name,
-                            inputs=inputs, check=check)
+                            inputs=inputs, check=check, max_splits=max_splits)
+        caller = sys._getframe(1).f_globals.get("__name__")  # the module declaring it
+        tuned.module = caller if isinstance(caller, str) else tuned.module
         existing = _REGISTRY.get(tuned.name)
-        if existing is not None and _is_duplicate(existing, tuned):
-            raise tuned.error(f"declared twice: at {_where(existing)} and at {_where(tuned)}; "
-                              "pass name= to tell them apart")
+        if existing is not None and (problem := duplicate_problem(existing, tuned)):
+            raise tuned.error(problem)
         _REGISTRY[tuned.name] = tuned
         _ready_runtime()
         if _prepare_kernel is not None:

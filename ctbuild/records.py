@@ -93,12 +93,15 @@ class TuningRecord:
     choice: dict[str, Any] | None = None
     #: the finalists' interleaved re-measurement: {"rounds", "stopped", "budget", "finalists"}
     runoff: dict[str, Any] | None = None
-    #: a Dim bucket's winner at sizes inside the bucket: {"bucket", "sizes", "max_pct",
-    #: "problems"} (`ctbuild.tune.regret`)
+    #: a Dim bucket's winner at the sizes it serves: {"bucket", "lower", "sizes", "max_pct",
+    #: "worst_pct", "unsplit" (why not split further, None), "problems"} (`ctbuild.tune.span`)
     regret: dict[str, Any] | None = None
-    #: a declared Dim bucket split by ``ctbuild tune --refine``: {"format", "max_splits",
+    #: a declared Dim bucket split by ``ctbuild tune``: {"format", "max_splits",
     #: "splits": [{"sizes", "regret_pct"}]} (`ctbuild.bucket_map`), read defensively
     refined: dict[str, Any] | None = None
+    #: the correctness gate (`ctbuild.tune.check`): {"reference": "default" | "check=" | None,
+    #: "failed": candidates with a wrong result, "note": why there was no reference}
+    check: dict[str, Any] | None = None
     #: tuned on several GPUs (``ctbuild tune --gpus``): {"gpus", "per_gpu": [[timings]]}; the
     #: winner is then the tie rule's on the median time across GPUs
     fleet: dict[str, Any] | None = None
@@ -106,7 +109,7 @@ class TuningRecord:
     compiles_during_measurement: int = 0
     measure_seconds: float | None = None
     seconds: float | None = None
-    #: measuring time by phase: {"screen", "runoff", "regret"} seconds
+    #: measuring time by phase: {"screen", "check", "runoff", "span"} seconds
     phase_seconds: dict[str, float] = field(default_factory=dict)
     #: "workload" (declared or recorded specs) or "online" (the caller's tensors)
     source: str = "workload"

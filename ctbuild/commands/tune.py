@@ -30,7 +30,7 @@ examples:
   ctbuild tune --kernel matmul --retune --json
   ctbuild tune --verify --config examples/ctbuild.toml     # a new GPU, driver or node
   ctbuild tune --gpus all                                  # every GPU of this node
-  ctbuild tune --refine --compile-missing                  # split Dim buckets with regret
+  ctbuild tune --no-refine                                 # one winner per Dim bucket
 
 For every declared kernel x workload, on this GPU's arch, every precompiled candidate is
 measured with cuTile's exhaustive_search (CUDA graph per sample, L2 flush, 95% CI) from the
@@ -38,23 +38,31 @@ cache's CUBINs: nothing is compiled while measuring. A candidate without a CUBIN
 (or compiled first, in a local process pool, with --compile-missing). A failing, faulting or
 hanging candidate is recorded as failed; the others still get measured.
 
-The candidates near the fastest then run off: re-measured interleaved, round by round, so that
-the GPU's clock drift hits all of them alike, until they separate or a budget ends. Candidates
-within the tie band of the fastest (default: 2%, or overlapping 95% CIs) are ties, and among
-ties the winner is fixed: the declared default config if it is one, else the first in the
-declared space order. So two tunes of the same keys agree unless a candidate sits at the band's
-edge. The record keeps the ties, every finalist's time and the rule that chose. A dynamic
-workload (ctbuild.Dim) is tuned once per bucket, at the bucket's upper bound; the winner and
-its runners-up are then timed at the bucket's lower bound and geometric midpoints, and the
-record keeps the winner's regret there. With --refine, a bucket whose winner is more than
-the tie band slower than the fastest at such a size is split there: the sizes up to it form a
-sub-bucket, tuned at that size (its missing CUBINs compiled with --compile-missing, else named)
-and served from its own record; the bucket's record keeps the split points.
+Every candidate's outputs are checked against the default config's on the same inputs (or
+against the kernel's check=): a candidate that computes something else is recorded as failed
+("wrong result: ...") and never wins.
+
+The candidates near the fastest then race: re-measured interleaved, round by round, so that
+the GPU's clock drift hits all of them alike, the surely slower dropped, until they separate or
+a budget ends. Candidates within the tie band of the fastest (default: 2%, or overlapping 95%
+CIs) are ties, and among ties the winner is fixed: the declared default config if it is one,
+else the first in the declared space order. So two tunes of the same keys agree unless a
+candidate sits at the band's edge. The record keeps the ties, every finalist's time and the
+rule that chose.
+
+A dynamic workload (ctbuild.Dim) is tuned once per bucket, for every size the bucket serves:
+every candidate races again at the bucket's lower bound and geometric midpoints (along each
+Dim), and the winner is the config whose worst loss over those sizes and the upper bound is
+smallest (ties by the same rule). Where no config is within the band at every size, the bucket
+is split along the Dim that carries the loss, at most --refine N times (default 2; a kernel's
+max_splits= sets its own; --no-refine: never): each sub-bucket's winner is recorded under its
+split point's own key and served for the sizes up to it. A bucket left unsplit with a loss
+above the band says why, on its line, in its record and in the report.
 
 Tuned entries are skipped unless --retune. Workloads added by `ctbuild precompile
 --from-record` (found in the cache) are tuned too. Exit 0 when every kernel x workload got a
 record (with --verify: every recorded winner still ties with the fastest), 1 when some did not
-(or, with --refine, a sub-bucket could not be tuned), 2 on bad input.
+, 2 on bad input.
 """
 
 
@@ -88,11 +96,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--verify", action="store_true",
                    help="re-measure the recorded winners against their ties and finalists on "
                         "this GPU and report drift; rewrites nothing")
-    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count, const=2, default=0,
-                   help="split each Dim bucket where its winner's regret exceeds the tie band "
-                        "(at most N sizes per bucket, the worst first; default 2, at most "
-                        f"{MAX_SPLITS}) and tune the sub-buckets; a bucket already tuned is "
-                        "refined from its recorded regret")
+    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count, const=2, default=None,
+                   help="split a Dim bucket at most N times where no config is within the tie "
+                        f"band at all its sizes (default: 2; 1 to {MAX_SPLITS}; a kernel's "
+                        "max_splits= sets its own)")
+    p.add_argument("--no-refine", action="store_true",
+                   help="never split a Dim bucket: one winner for all its sizes")
     p.add_argument("--no-isolate", action="store_true",
                    help="tune in this process (default: a supervised child process, restarted "
                         "without a candidate that kills its CUDA context)")
@@ -227,7 +236,9 @@ def selection_problem(args: argparse.Namespace, kernels: list, only: list[str]) 
     names = {k.name for k in kernels}
     if unknown := [n for n in only if n not in names]:
         return f"unknown kernel(s) {unknown}; declared: {', '.join(sorted(names))}"
-    if args.refine:
+    if args.refine is not None and args.no_refine:
+        return "--refine N and --no-refine contradict each other: give one"
+    if args.refine is not None:
         return refine_problem(args, kernels, only)
     return None
 
@@ -238,15 +249,16 @@ def tune_options(args: argparse.Namespace, project: Any) -> TuneOptions:
     return TuneOptions(retune=args.retune, compile_missing=args.compile_missing,
                        timeout_s=args.timeout, cap=project.cap,
                        paths=[str(p) for p in project.paths], workers=args.workers,
-                       tie_band=args.tie_band.percent, refine=args.refine)
+                       tie_band=args.tie_band.percent,
+                       refine=0 if args.no_refine else args.refine or 2)
 
 
 def _printer(quiet: bool) -> Callable[[dict[str, Any]], None]:
-    """What is done with each entry's summary as it is tuned: its line (and --refine's lines)
-    printed at once, so a long tune shows progress; nothing with --json."""
+    """What is done with each entry's summary as it is tuned: its line (and its bucket's
+    lines) printed at once, so a long tune shows progress; nothing with --json."""
     def emit(s: dict[str, Any]) -> None:
         if not quiet:
-            print("\n".join([_line(s), *refine_lines(s)]), flush=True)
+            print("\n".join([_line(s), *span_lines(s)]), flush=True)
     return emit
 
 
@@ -270,8 +282,6 @@ def tune_result(project: Any, device: Any, fp: str, seconds: float,
         "tuned": sum(s["status"] == "tuned" for s in summaries),
         "skipped": sum(s["status"] == "skipped" for s in summaries),
         "failed": sum(s["status"] == "failed" for s in summaries),
-        "refine_failed": sum(p["status"] == "failed" for s in summaries
-                             for p in s.get("refined", {}).get("splits", [])),
         "compiles_during_measurement": sum(
             s.get("compiles_during_measurement", 0) for s in summaries if s["status"] == "tuned"),
         "entries": summaries,
@@ -281,7 +291,7 @@ def tune_result(project: Any, device: Any, fp: str, seconds: float,
 
 def finish(args: argparse.Namespace, out: dict[str, Any]) -> int:
     """Write --report, print the result (JSON, or the totals line) and return the exit code:
-    1 when an entry or a --refine sub-bucket failed."""
+    1 when an entry failed."""
     quiet = bool(args.json)
     if args.report:
         from ..tune.report import write_report
@@ -293,11 +303,9 @@ def finish(args: argparse.Namespace, out: dict[str, Any]) -> int:
     else:
         print(f"{out['tuned']} tuned, {out['skipped']} skipped (already tuned), {out['failed']} "
               f"failed in {out['seconds']:.1f} s; compiles during measurement: "
-              f"{out['compiles_during_measurement']}"
-              + (f"; {out['refine_failed']} sub-bucket(s) not tuned" if out["refine_failed"]
-                 else ""))
+              f"{out['compiles_during_measurement']}")
     sys.stdout.flush()
-    return 0 if out["failed"] == 0 and out["refine_failed"] == 0 else 1
+    return 0 if out["failed"] == 0 else 1
 
 
 def refine_problem(args: argparse.Namespace, kernels: list, only: list[str]) -> str | None:
@@ -312,31 +320,25 @@ def refine_problem(args: argparse.Namespace, kernels: list, only: list[str]) -> 
     return None
 
 
-def refine_lines(s: dict[str, Any]) -> list[str]:
-    """What ``--refine`` did to one entry's bucket, one line per split point."""
-    refined = s.get("refined")
-    if not refined:
+def span_lines(s: dict[str, Any]) -> list[str]:
+    """How a Dim bucket is served: a line per sub-bucket it was split into, or why a bucket
+    whose worst loss is above the band was not split."""
+    rec = s.get("record") or {}
+    regret = rec.get("regret") if isinstance(rec.get("regret"), dict) else None
+    if regret is None or s.get("status") != "tuned":
         return []
-    head = f"{'refine':<8} {s['kernel']:<14}"
-    if not refined["splits"]:
-        worst = refined.get("max_regret_pct")
-        if worst is None:
-            return [f"{head} no split: the record holds no regret inside the bucket (--retune "
-                    "measures it)"]
-        return [f"{head} no split: the worst regret inside the bucket, {worst:.1f}%, is within "
-                f"the {refined['band_pct']:g}% band"]
+    head = f"{'bucket':<8} {s['kernel']:<14}"
+    band = ((rec.get("choice") or {}).get("band") or {}).get("percent", 2.0)
     lines = []
-    for p in refined["splits"]:
-        sub = ", ".join(f"{n}<={v}" for n, v in sorted(p["sizes"].items()))
-        what = (f"winner {p['winner']} {_fmt_us(p.get('mean_us'))} us"
-                if p.get("winner") is not None else "not tuned")
-        note = f" ({p['note']})" if p.get("note") else ""
-        regret = p.get("regret_pct")
-        lines.append(f"{head} sub-bucket {sub}: {p['status']}, {what}{note}; the bucket's "
-                     f"winner was {regret or 0:.1f}% slower there")
-    for p in refined["left_out"]:
-        lines.append(f"{head} not split at {p['sizes']} ({p['regret_pct']:.1f}%): more than "
-                     f"--refine {refined['max_splits']} sizes per bucket")
+    for sp in (rec.get("refined") or {}).get("splits") or []:
+        sub = ", ".join(f"{n}<={v}" for n, v in sorted(sp["sizes"].items()))
+        pct = sp.get("regret_pct")
+        lines.append(f"{head} split: sub-bucket {sub} has its own winner"
+                     + ("" if pct is None else f" (the bucket's was {pct:.1f}% slower there)"))
+    worst = regret.get("worst_pct", regret.get("max_pct"))
+    if regret.get("unsplit") and isinstance(worst, (int, float)) and worst > band:
+        lines.append(f"{head} not split further, worst loss {worst:.1f}% over the bucket's "
+                     f"sizes (band {band:g}%): {regret['unsplit']}")
     return lines
 
 

@@ -13,6 +13,7 @@ several GPUs all decide through `choose`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -25,6 +26,8 @@ RULE_ONLY = "only candidate"
 RULE_FASTEST = "fastest, no tie"
 RULE_DEFAULT = "default config among ties"
 RULE_FIRST = "first in space order among ties"
+#: The bucket's winner: the smallest worst loss over its sizes (`ctbuild.tune.span`).
+RULE_SPAN = "smallest worst loss over the bucket's sizes"
 
 
 class TieBandError(ValueError):
@@ -71,7 +74,8 @@ class Timing:
     samples: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"config": self.config.to_json(), "mean_us": self.mean_us, "ci_us": self.ci_us,
+        return {"config": self.config.to_json(), "mean_us": self.mean_us,
+                "ci_us": self.ci_us if math.isfinite(self.ci_us) else None,  # one round: no CI
                 "samples": self.samples}
 
 

@@ -1,15 +1,19 @@
 """``ctbuild tune --gpus``: one measuring process per GPU, one winner for the fleet.
 
-1. **Screening**: the kernel x workload entries are split across the GPUs, longest first (each
-   to the GPU with the least estimated work so far); every GPU tunes its share in its own
-   supervised process (`session.run_isolated`, ``CUDA_VISIBLE_DEVICES`` set to that GPU). An
-   entry whose process died with no candidate to blame goes to the next GPU.
-2. **Finals**, with more than one GPU: every GPU re-measures every tuned entry's finalists (the
-   winner, its ties, the runoff's finalists) interleaved, and the winner is decided on the median
-   time across GPUs by the same tie rule: one winner for the fleet, kept with the per-GPU times.
-   A GPU whose times are more than 3% above the fleet median on the same candidates is named.
+1. **Lanes**: the kernel x workload entries are split across the GPUs, longest first by cost
+   (the seconds a key's last record took, else an estimate: candidates times the bytes they
+   move, times the sizes a `Dim` bucket is raced at), each to the GPU with the least work so
+   far; every GPU tunes its share in its own supervised process (`session.run_isolated`,
+   ``CUDA_VISIBLE_DEVICES`` set to that GPU). An entry whose process died with no candidate to
+   blame goes to the next GPU.
+2. **Finals**, with more than one GPU, only for the keys whose winner is not decided: their
+   race at their own size ended on its budget with a finalist at the band's edge. Every GPU
+   re-measures those keys' finalists interleaved, and the winner is decided on the median time
+   across GPUs by the same tie rule, kept with the per-GPU times. A key decided in its lane, or
+   whose winner was chosen over a bucket's sizes, is not measured again. A GPU whose times are
+   more than 3% above the fleet median on the same candidates is named.
 
-With one GPU this is the same code path with nothing to merge: screening on that GPU decides.
+With one GPU this is the same code path with nothing to merge: the lane decides.
 """
 from __future__ import annotations
 
@@ -24,10 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..arch import Arch
 from ..compile.plan import job_for
-from ..records import TuningRecord
+from ..records import TuningRecord, stored_tuning
 from ..space import Config
-from .choice import TieBand, Timing, choose
+from .choice import RULE_SPAN, TieBand, Timing, choose
 from .session import Entry, TuneOptions, run_isolated
+from .span import span_sizes
+from .tuner import record_key
 from .verify import contenders
 
 if TYPE_CHECKING:
@@ -37,6 +43,8 @@ if TYPE_CHECKING:
 
 #: A GPU this much slower than the fleet median on the same candidates is named in the report.
 SLOW_GPU_RATIO = 1.03
+#: Seconds of measuring per unit of `estimated_work`'s estimate (candidates x log2 bytes).
+ESTIMATE_SECONDS = 0.005
 
 
 class GpuListError(ValueError):
@@ -62,16 +70,25 @@ def parse_gpus(text: str, visible: int) -> list[int]:
     return gpus
 
 
-def estimated_work(entry: Entry, arch: str, cap: int) -> float:
-    """Screening work of an entry: candidates times the bytes its tensors move (a proxy for
-    each candidate's samples)."""
+def estimated_work(entry: Entry, arch: str, cap: int, store: Store | None = None,
+                   device: Device | None = None, fp: str = "") -> float:
+    """An entry's cost: the seconds its last record took to measure, else an estimate
+    (candidates times the log of the bytes its tensors move, times the sizes its bucket is
+    raced at), in comparable units: `ESTIMATE_SECONDS` per unit."""
+    if store is not None and device is not None:
+        rec = stored_tuning(store, record_key(entry.kernel, entry.workload, device, fp))
+        if rec is not None and isinstance(rec.measure_seconds, (int, float)) \
+                and rec.measure_seconds > 0:
+            return float(rec.measure_seconds)
     try:
         n = len(entry.kernel.candidates(entry.workload, Arch(arch), cap).kept)
     except Exception:  # noqa: BLE001 - unplannable entries fail fast in their lane
         n = 1
     volume = sum(getattr(v, "numel", lambda: 1)() * getattr(v, "itemsize", 1)
                  for v in entry.workload.values() if hasattr(v, "numel"))
-    return n * math.log2(2 + volume)
+    bucket = entry.kernel.buckets.get(entry.workload)
+    sizes = 1 + (len(span_sizes(bucket)) if bucket is not None else 0)
+    return ESTIMATE_SECONDS * n * math.log2(2 + volume) * sizes
 
 
 def split(entries: Sequence[Entry], lanes: int, work: Callable[[Entry], float]
@@ -139,8 +156,8 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
     """Screen on every GPU (``emit`` gets each entry's summary as its lane finishes it), then,
     with several GPUs, decide every winner on the fleet's median: (final summaries in entry
     order, fleet report)."""
-    shares = split(entries, len(run.gpus), lambda e: estimated_work(e, device.arch,
-                                                                    run.opts.cap))
+    shares = split(entries, len(run.gpus), lambda e: estimated_work(
+        e, device.arch, run.opts.cap, store, device, fp))
     start = time.perf_counter()
     screened = run.each_lane(shares, emit=emit)
     screen_wall = time.perf_counter() - start
@@ -162,6 +179,9 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
                                                                                  screened)]}
     if len(run.gpus) > 1:
         start = time.perf_counter()
+        report["finals_keys"] = sum(
+            results.get(e.index, {}).get("status") == "tuned"
+            and undecided(TuningRecord.from_json(results[e.index]["record"])) for e in entries)
         report["slow_gpus"] = finals(run, entries, results, store, device, fp)
         report["finals_wall_s"] = round(time.perf_counter() - start, 3)
     return [results[e.index] for e in entries if e.index in results], report
@@ -179,7 +199,8 @@ def finals(run: FleetRun, entries: Sequence[Entry], results: dict[int, dict[str,
            store: Store, device: Device, fp: str) -> list[dict[str, Any]]:
     """Every GPU re-measures every tuned entry's finalists; the fleet median decides. Rewrites
     the records and summaries; returns the GPUs slower than the fleet by `SLOW_GPU_RATIO`."""
-    tuned = [e for e in entries if results.get(e.index, {}).get("status") == "tuned"]
+    tuned = [e for e in entries if results.get(e.index, {}).get("status") == "tuned"
+             and undecided(TuningRecord.from_json(results[e.index]["record"]))]
     if not tuned:
         return []
     payload = {e.index: contenders(TuningRecord.from_json(results[e.index]["record"]))
@@ -199,6 +220,17 @@ def finals(run: FleetRun, entries: Sequence[Entry], results: dict[int, dict[str,
             results[e.index] = merged(e, results[e.index], times[e.index], store, device, fp,
                                       band, run)
     return slow_gpus(run.gpus, [times[e.index] for e in tuned])
+
+
+def undecided(rec: TuningRecord) -> bool:
+    """Whether a key's winner is worth measuring on every GPU: its race at its own size ran
+    out of budget before every finalist was a sure tie or surely slower, and the winner was
+    chosen there (not over a bucket's sizes, which the fleet's finals do not measure)."""
+    race = rec.runoff if isinstance(rec.runoff, dict) else {}
+    rule = rec.choice.get("rule") if isinstance(rec.choice, dict) else None
+    splits = rec.refined.get("splits") if isinstance(rec.refined, dict) else None
+    return str(race.get("stopped", "")).startswith("budget") and rule != RULE_SPAN \
+        and not splits
 
 
 def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], store: Store,

@@ -8,7 +8,7 @@ from the cache, nothing compiled) and the in-place handling. Two ways to time:
   sample, L2 flush, warm-ups, 95% CI convergence; the first launch of every candidate in a
   timed subprocess, which also contains faults and hangs);
 * `Bench.sample`: one launch, timed the same way, for the interleaved runoff between finalists
-  (`ctbuild.tune.runoff`) and for the sizes inside a bucket (`ctbuild.tune.regret`).
+  (`ctbuild.tune.race`), at the key's own size and the other sizes of its bucket.
 
 Both take their arguments from `Bench.args`, which restores ``restore=`` arguments and zeroes
 ``reset_to_zero=`` ones before every launch.
@@ -16,17 +16,34 @@ Both take their arguments from `Bench.args`, which restores ``restore=`` argumen
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .. import cutile
+from ..device_table import cuda_device, nominal_device
+from ..dims import Bucket, concretize
 from ..space import Config
 from ..specs import Workload
-from .choice import Timing
+from .check import OutputCheck
+from .choice import Choice, TieBand, Timing, choose
+from .inputs import make_inputs
+from .race import FINALS_BUDGET, SPAN_BUDGET, RaceBudget, RaceResult, finalists, race
+from .span import Group, Span, span_sizes
 
 if TYPE_CHECKING:
+    from ctbuild.cache import Store
+
     from ..declare import TunedKernel
     from ..serve.served_kernel import ServedKernel
+    from .tuner import CandidatePlan, Device
+
+log = logging.getLogger("ctbuild")
+
+
+class CheckError(RuntimeError):
+    """The default config fails the kernel's own ``check=`` reference."""
 
 
 class InPlace:
@@ -137,3 +154,218 @@ def explain_failure(etype: type, msg: str) -> str:
 def config_key(cfg: Config) -> str:
     """A config as the JSON text records and exclusions compare by."""
     return json.dumps(cfg.to_json(), sort_keys=True)
+
+
+# ---- step 4: the race at the key's own size, and the choice ------------------------------
+@dataclass(frozen=True)
+class Decision:
+    """The choice, and the race it was made on (None: fewer than two finalists)."""
+    choice: Choice
+    runoff: RaceResult | None
+    finalists: tuple[Config, ...]
+
+
+def decide(bench: Bench, screened: Sequence[Timing], plan: CandidatePlan, band: TieBand,
+           budget: RaceBudget) -> tuple[Decision, list[dict[str, Any]]]:
+    """Race the finalists and apply the tie rule: (decision, race failures)."""
+    final = finalists(screened, band, plan.default)
+    configs = tuple(t.config for t in final)
+    if len(final) < 2:
+        return Decision(choose(screened, plan.space, plan.default, band), None, configs), []
+    result = race(configs, bench.sample, band, budget)
+    failures = [{"config": c.to_json(), "error": f"runoff: {why}"} for c, why in result.failures]
+    timings = result.timings if len(result.timings) > 1 else tuple(
+        t for t in final if t.config not in {c for c, _ in result.failures})
+    return Decision(choose(timings, plan.space, plan.default, band), result, configs), failures
+
+
+# ---- step 5: the bucket's other sizes --------------------------------------------------------
+def own_size_times(screened: Sequence[Timing], decision: Decision) -> dict[Config, Timing]:
+    """Every screened candidate's time at the key's own size on the race's clock: the
+    finalists' race times, the others' screening times scaled by the fastest's ratio."""
+    times = {t.config: t for t in screened}
+    raced = {t.config: t for t in decision.runoff.timings} if decision.runoff else {}
+    failed = {c for c, _ in decision.runoff.failures} if decision.runoff else set()
+    common = [c for c in raced if c in times]
+    scale = min(raced[c].mean_us for c in common) / min(times[c].mean_us for c in common) \
+        if common else 1.0
+    out = {c: Timing(c, t.mean_us * scale, t.ci_us * scale, t.samples)
+           for c, t in times.items() if c not in failed}
+    out.update(raced)
+    return out
+
+
+def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config, Timing],
+                 timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand
+                 ) -> tuple[Span, list[dict[str, Any]]]:
+    """Race ``contenders`` at each of the bucket's other sizes: (the span, the candidates that
+    failed at a size: failures of the key, naming the size)."""
+    sizes, times, problems, failures = [], [], [], []
+    for size in span_sizes(bucket):
+        result = race(contenders, timer_for(concretize(bucket.declared, size)), band,
+                      SPAN_BUDGET) if len(contenders) > 1 else None
+        if result is None or not result.timings:
+            problems.append(f"{size}: no candidate could be timed")
+            continue
+        failures += [{"config": c.to_json(), "error": f"at {size}: {why}"}
+                     for c, why in result.failures]
+        sizes.append(size)
+        times.append({t.config: t for t in result.timings})
+    return Span(bucket, [*sizes, dict(bucket.sizes)], [*times, top], problems), failures
+
+
+def key_clash(tuned: TunedKernel, span: Span, groups: Sequence[Group]) -> str | None:
+    """Why a split cannot be recorded (None: it can): a split point whose tuning key is a
+    declared workload's (a key function that buckets this Dim, e.g. pow2) would overwrite
+    that workload's record."""
+    declared = {repr(tuned.tuning_key(w)) for w in tuned.workloads}
+    for g in groups[:-1]:
+        assert g.point is not None
+        if repr(tuned.tuning_key(concretize(span.bucket.declared, g.point))) in declared:
+            return (f"the kernel's tuning key gives the split point {g.point} the key of a "
+                    "declared workload: a split needs a key that tells the sizes apart (no "
+                    "pow2 bucketing of this Dim)")
+    return None
+
+
+# ---- launching ------------------------------------------------------------------------------
+class Benches:
+    """`Bench` es of one kernel on one GPU that share one served kernel per config (each
+    loads its CUBINs once, whatever the sizes they are launched at)."""
+
+    def __init__(self, tuned: TunedKernel, store: Store | None, fp: str, device: Device, *,
+                 stream: Any = None, input_device: Any = None, seed: int = 0,
+                 served: Callable[[Config], ServedKernel] | None = None,
+                 on_candidate: Callable[[Config], None] | None = None) -> None:
+        import torch
+
+        from ..serve.served_kernel import CubinSource, ServedKernel
+        self.tuned, self.seed, self.on_candidate = tuned, seed, on_candidate
+        self.on_gpu = torch.cuda.is_available()
+        self.stream = stream if stream is not None else torch.cuda.current_stream(device.index)
+        self.grid_dev = cuda_device(device.index) if self.on_gpu else \
+            nominal_device(device.arch)
+        self.inputs_at = input_device or f"cuda:{device.index}"
+        source = CubinSource(store, fp)
+        self._make = served or (lambda cfg: ServedKernel(tuned, cfg, source))
+        self._kernels: dict[Config, ServedKernel] = {}
+
+    def kernel_for(self, cfg: Config) -> ServedKernel:
+        if cfg not in self._kernels:
+            self._kernels[cfg] = self._make(cfg)
+        return self._kernels[cfg]
+
+    def on(self, inputs: Workload) -> Bench:
+        """A bench on these real inputs."""
+        return Bench(self.tuned, inputs, self.stream, self.grid_dev, self.kernel_for,
+                     self.on_candidate)
+
+    def on_spec(self, spec: Workload) -> Bench:
+        """A bench on random inputs made from specs (or the kernel's ``inputs`` hook)."""
+        return self.on(make_inputs(self.tuned, spec, self.inputs_at, self.seed))
+
+
+# ---- one key, steps 2-5 ----------------------------------------------------------------------
+@dataclass
+class TuneSettings:
+    """How to measure and decide: the tie band, the race budget at the key's own size, whether
+    a bucket's other sizes are measured, and how many times a bucket may be split."""
+    band: TieBand = field(default_factory=TieBand)
+    budget: RaceBudget = FINALS_BUDGET
+    span: bool = True
+    max_splits: int = 2
+
+
+@dataclass
+class Measured:
+    """What measuring one key gave: the screening, the decision, the bucket's span and how it
+    is served (its groups, smallest first, and why it was not split further), their times."""
+    screened: list[Timing]
+    failed: list[dict[str, Any]]
+    error: str | None
+    decision: Decision | None = None
+    span: Span | None = None
+    groups: list[Group] = field(default_factory=list)
+    unsplit: str | None = None
+    check: dict[str, Any] | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def winner(self) -> Config | None:
+        """The config the key's own record serves."""
+        if self.groups:
+            return self.groups[-1].winner
+        return self.decision.choice.winner.config if self.decision else None
+
+
+def measure(tuned: TunedKernel, plan: CandidatePlan, bench: Bench, benches: Benches,
+            order: Callable[[], Iterator[Config]], n_measure: int, timeout_s: float | None,
+            settings: TuneSettings, bucket: Bucket | None) -> Measured:
+    """Steps 2-5 on the GPU: screen, check outputs (`gate`), race the finalists and decide, race the
+    bucket's other sizes and split it where needed; then launch the winner once (an in-place
+    kernel's inputs are left as after its launch)."""
+    started = time.perf_counter()
+    screened, failed, error = bench.screen(n_measure, order, timeout_s) if n_measure else \
+        ([], [], None)
+    m = Measured(screened, failed, error, phases={"screen": time.perf_counter() - started})
+    t = time.perf_counter()
+    m.screened, wrong, m.check = gate(tuned, bench, screened, plan.default) if screened else \
+        ([], [], None)
+    m.failed += wrong
+    m.phases["check"] = time.perf_counter() - t
+    if not m.screened:
+        m.seconds = time.perf_counter() - started
+        return m
+    t = time.perf_counter()
+    m.decision, raced_failed = decide(bench, m.screened, plan, settings.band, settings.budget)
+    m.phases["runoff"] = time.perf_counter() - t
+    m.failed += raced_failed
+    if bucket is not None and settings.span:
+        t = time.perf_counter()
+        top = own_size_times(m.screened, m.decision)
+        contenders = sorted(top, key=lambda c: top[c].mean_us)
+        m.span, span_failed = measure_span(bucket, contenders, top,
+                                           lambda cw: benches.on_spec(cw).sample, settings.band)
+        m.failed += span_failed
+        m.groups, m.unsplit = m.span.split(plan.space, plan.default, settings.band,
+                                           settings.max_splits)
+        if len(m.groups) > 1 and (clash := key_clash(tuned, m.span, m.groups)):
+            everything = [i for g in m.groups for i in g.members]
+            m.groups = [Group(everything, *m.span.pick(everything, plan.space, plan.default,
+                                                       settings.band))]
+            m.unsplit = clash
+        m.phases["span"] = time.perf_counter() - t
+    winner = m.winner
+    assert winner is not None
+    bench.launch_once(winner)
+    m.seconds = time.perf_counter() - started
+    return m
+
+
+def gate(tuned: TunedKernel, bench: Bench, screened: list[Timing], default: Config
+         ) -> tuple[list[Timing], list[dict[str, Any]], dict[str, Any]]:
+    """Step 3: each screened candidate's outputs against the reference (`ctbuild.tune.check`):
+    (the candidates that pass, the failures of those that do not, what the record says of the
+    check). Without ``check=`` the reference is the default config's outputs; when the default
+    could not be screened or launched there is none, and nothing is dropped (the record says
+    why). `CheckError` when the default fails the kernel's own reference."""
+    names = {t.config for t in screened}
+    if tuned.check is None and default not in names:
+        return screened, [], {"reference": None, "note": "the default config could not be "
+                              "measured: no reference to compare with"}
+    check = OutputCheck(tuned, bench.inputs, bench.launch_once)
+    problem = check.reference(default)
+    if problem is not None and tuned.check is not None:
+        raise CheckError(f"kernel {tuned.name!r}: the default config {default.to_json()} "
+                         f"fails the kernel's check= reference: {problem}")
+    if problem is not None:
+        check.restore()
+        return screened, [], {"reference": None, "note": problem}
+    wrong = {t.config: why for t in screened
+             if (why := None if t.config == default and tuned.check is None
+                 else check.verdict(t.config)) is not None}
+    check.restore()
+    return [t for t in screened if t.config not in wrong], \
+        [{"config": c.to_json(), "error": why} for c, why in wrong.items()], \
+        {"reference": "check=" if tuned.check is not None else "default", "failed": len(wrong)}

@@ -145,11 +145,19 @@ MAX_LABEL = 56
 
 
 def _bucket(rec: dict[str, Any], fallback: str) -> str:
-    """A short name of the entry: its bucket (``M<=1024``) or its workload."""
+    """A short name of the entry: its bucket (``M<=1024``) with what tells two workloads over
+    the same Dim apart (the first tensor's dtype and other sizes), or its workload."""
     regret = rec.get("regret") or {}
-    if regret.get("bucket"):
-        return ", ".join(f"{k}≤{v}" for k, v in regret["bucket"].items())
-    return _workload(rec, fallback)
+    if not regret.get("bucket"):
+        return _workload(rec, fallback)
+    bucket = ", ".join(f"{k}≤{v}" for k, v in regret["bucket"].items())
+    first = next((v for v in (rec.get("workload") or {}).values()
+                  if isinstance(v, dict) and "tensor" in v), None)
+    if first is None:
+        return bucket
+    varying = set(regret["bucket"].values())
+    static = [str(n) for n in first["tensor"] if n not in varying]
+    return f"{bucket} · {first.get('dtype', '?')}" + (f" ×{'×'.join(static)}" if static else "")
 
 
 def _clip(text: str, n: int) -> str:
@@ -201,8 +209,18 @@ def winners_chart(entries: list[dict[str, Any]]) -> str:
 
 
 def _regret_cell(rec: dict[str, Any]) -> str:
-    worst = (rec.get("regret") or {}).get("max_pct")
-    return "–" if worst is None else f"{worst:.1f}%"
+    """The winner's worst loss over its bucket's sizes, flagged above the tie band (with why
+    the bucket was not split further as its tooltip)."""
+    regret = rec.get("regret") or {}
+    worst = regret.get("max_pct")
+    if worst is None:
+        return "–"
+    band = ((rec.get("choice") or {}).get("band") or {}).get("percent", 2.0)
+    if worst <= band:
+        return f"{worst:.1f}%"
+    why = regret.get("unsplit") or "tuned before ctbuild split buckets"
+    return f'<span class="failed" title="{_esc(why)}">⚠ {worst:.1f}%</span>'
+
 
 
 def _ties_cell(rec: dict[str, Any]) -> str:
@@ -298,13 +316,15 @@ def _regret_text(rec: dict[str, Any]) -> str:
     refined = refined if isinstance(refined, dict) else {}
     splits = [x.get("sizes") for x in refined.get("splits") or [] if isinstance(x, dict)]
     split_text = "" if not splits else (
-        "<p>Split by <code>--refine</code> into sub-buckets up to "
+        "<p>Split into sub-buckets up to "
         + "; ".join(_esc(", ".join(f"{k}≤{v}" for k, v in sz.items())) for sz in splits
                     if isinstance(sz, dict))
         + ", each served from its own record.</p>")
-    return ("<p>Regret of the winner inside its bucket (its time over the fastest contender's "
-            "there):</p><table><tr><th>size</th><th>regret</th><th>fastest there</th></tr>"
-            + cells + "</table>" + split_text)
+    if regret.get("unsplit"):
+        split_text += f'<p class="failed">Not split further: {_esc(regret["unsplit"])}.</p>'
+    return ("<p>Loss of the winner at the sizes its bucket serves (its time over the fastest "
+            "candidate's there):</p><table><tr><th>size</th><th>loss</th><th>fastest there"
+            "</th></tr>" + cells + "</table>" + split_text)
 
 
 def _kernel_section(name: str, items: list[tuple[int, dict[str, Any]]]) -> str:

@@ -27,8 +27,8 @@ from ..records import TuningRecord, stored_tuning
 from ..specs import Workload, describe
 from ..toolchain import toolchain_for
 from .choice import DEFAULT_BAND_PERCENT, TieBand
+from .race import SPAN_BUDGET
 from .recorded import recorded_workloads
-from .refine import keep_refined, refine_bucket
 from .tuner import Device, TuneSettings, context_ok, current_device, record_key, tune_workload
 
 if TYPE_CHECKING:
@@ -93,12 +93,15 @@ class TuneOptions:
     workers: int | None = None
     #: the tie band in percent of the fastest mean (`ctbuild.tune.choice.TieBand`)
     tie_band: float = DEFAULT_BAND_PERCENT
-    #: ``--refine N``: split each Dim bucket at up to N sizes where its regret exceeds the
-    #: band, and tune the sub-buckets (`ctbuild.tune.refine`); 0: off
-    refine: int = 0
+    #: ``--refine N``: split a Dim bucket at most N times where no config is within the band
+    #: at all its sizes (`ctbuild.tune.span`); 0 (``--no-refine``): never; a kernel's own
+    #: ``max_splits=`` wins
+    refine: int = 2
 
-    def settings(self) -> TuneSettings:
-        return TuneSettings(band=TieBand(self.tie_band))
+    def settings(self, kernel: TunedKernel | None = None) -> TuneSettings:
+        own = getattr(kernel, "max_splits", None)
+        return TuneSettings(band=TieBand(self.tie_band),
+                            max_splits=self.refine if own is None or not self.refine else own)
 
 
 def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
@@ -119,8 +122,8 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
     for e in entries:
         rkey = record_key(e.kernel, e.workload, device, fp)
         existing = None if opts.retune else stored_tuning(store, rkey)
-        if existing is None or (opts.refine and e.workload in e.kernel.buckets):
-            todo.append((e, existing))  # tuned, or (--refine) its recorded regret refined
+        if existing is None:
+            todo.append((e, existing))
             continue
         s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
         out.append(s)
@@ -162,30 +165,23 @@ def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneO
               device: Device, fp: str, pool: CompilePool | None,
               exclude: Mapping[str, str] | None, cb: Callable[[Any], None] | None,
               workload_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """One entry's summary: tuned (or, with a record and ``--refine``, skipped), then with
-    ``--refine`` its bucket refined (`ctbuild.tune.refine`)."""
+    """One entry's summary: tuned, or skipped when it has a record."""
     rkey = record_key(e.kernel, e.workload, device, fp)
     try:
         if existing is not None:
-            s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
-        else:
-            before = stored_tuning(store, rkey) if opts.retune and not opts.refine else None
-            record = tune_workload(
-                e.kernel, e.workload, store=store, toolchain_fp=fp, device=device,
-                cap=opts.cap, timeout_s=opts.timeout_s, exclude=exclude, pool=pool,
-                on_candidate=cb, settings=opts.settings(), **workload_kwargs)
-            keep_refined(store, rkey, record, before)
-            status = "tuned" if record.config is not None else "failed"
-            s = summarize(e, status, record, rkey,
-                          "" if status == "tuned" else "no candidate could be measured")
-        if opts.refine:
-            s = refine_bucket(e, s, store, opts, device=device, fp=fp, pool=pool,
-                              exclude=exclude, on_candidate=cb, **workload_kwargs)
+            return summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
+        record = tune_workload(
+            e.kernel, e.workload, store=store, toolchain_fp=fp, device=device,
+            cap=opts.cap, timeout_s=opts.timeout_s, exclude=exclude, pool=pool,
+            on_candidate=cb, settings=opts.settings(e.kernel), **workload_kwargs)
+        status = "tuned" if record.config is not None else "failed"
+        return summarize(e, status, record, rkey,
+                         "" if status == "tuned" else "no candidate could be measured")
     except Exception as exc:  # noqa: BLE001 - one entry's error never stops the run
         log.debug("tuning %s failed", e.label, exc_info=True)
         s = summarize(e, "failed", None, rkey, f"{type(exc).__name__}: {exc}")
         s["traceback"] = traceback.format_exc(limit=8)
-    return s
+        return s
 
 
 # ---- supervision: a child process per run, restarted without the culprit -------------------
@@ -299,7 +295,7 @@ class _Supervision:
 def _entry_budget(opts: TuneOptions) -> float:
     # exhaustive_search stops measuring a candidate after ~5 s; add warm-ups and compile waits.
     per_candidate = 6.0 + 2 * (opts.timeout_s or 10.0)
-    return (120.0 + per_candidate * opts.cap) * (1 + opts.refine) + \
+    return 120.0 + per_candidate * opts.cap + 8 * SPAN_BUDGET.max_seconds + \
         (600.0 if opts.compile_missing else 0.0)
 
 
@@ -362,8 +358,8 @@ def finals_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions,
     import torch
 
     from ..space import Config
-    from .runoff import RunoffBudget, runoff
-    from .tuner import Benches
+    from .measuring import Benches
+    from .race import race
     device = current_device()
     fp = toolchain_for(store)
     with torch.cuda.device(device.index):
@@ -374,7 +370,7 @@ def finals_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions,
             def blame(cfg: Config, index: int = e.index) -> None:
                 on_event({"event": "candidate", "entry": index, "config": cfg.to_json()})
             bench = Benches(e.kernel, store, fp, device, on_candidate=blame).on_spec(e.workload)
-            result = runoff(cfgs, bench.sample, opts.settings().band, RunoffBudget()) \
+            result = race(cfgs, bench.sample, opts.settings().band) \
                 if len(cfgs) > 1 else None
             emit({"entry": e.index, "kernel": e.kernel.name, "status": "finals",
                   "timings": [t.to_json() for t in (result.timings if result else ())],

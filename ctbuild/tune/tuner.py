@@ -7,12 +7,14 @@ current GPU, in named steps:
    cannot be planned and CUBINs missing from the cache are failures of their own);
 2. screening (`Bench.screen`): cuTile's own ``ct.tune.exhaustive_search``, fed with kernels
    whose CUBINs come from the cache (`ServedKernel`): nothing is compiled while measuring;
-3. the runoff (`ctbuild.tune.runoff`): the finalists re-measured interleaved, round by round,
-   until they separate or the budget ends;
-4. the choice (`ctbuild.tune.choice`): ties within the band of the fastest are decided by a fixed
-   rule (the default config if tied, else the first in space order);
-5. for a `Dim` bucket, the regret of the winner at sizes inside the bucket (`ctbuild.tune.regret`);
-6. the record, written to the store unless ``write=False``.
+3. the output check (`ctbuild.tune.check`): each screened candidate's outputs against the
+   default config's (or the declared ``check=``); a wrong one is a failure and never wins;
+4. the race at the key's own size (`ctbuild.tune.race`): the finalists re-measured
+   interleaved, round by round, until they separate or the budget ends; the tie rule
+   (`ctbuild.tune.choice`) decides;
+5. for a `Dim` bucket, the race at the bucket's other sizes and the winner for all of them,
+   or the bucket split where none is good at all (`ctbuild.tune.span`);
+6. the record (and the sub-buckets' records), written to the store unless ``write=False``.
 
 ``w`` holds specs (random inputs are made) or the caller's real tensors (online tuning: the
 runtime's ``CTBUILD_MODE=tune``). In-place arguments (``restore=``) are snapshotted once and
@@ -24,9 +26,11 @@ The CLI's loop over kernels x workloads lives in `ctbuild.tune.session`, the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import json
 import logging
+import math
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -34,21 +38,19 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .. import cutile
 from ..arch import Arch
+from ..bucket_map import refined_json
 from ..compile.compile_pool import CompilePool
 from ..compile.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
-from ..device_table import cuda_device, nominal_device
-from ..dims import Bucket
+from ..dims import Bucket, concretize
 from ..keys import kernel_record_key
 from ..records import TuningRecord
 from ..space import Config
 from ..specs import Workload, spec_to_json
 from ..toolchain import toolchain_for
-from .choice import Choice, TieBand, Timing, choose
-from .inputs import has_specs, make_inputs
-from .measuring import Bench, config_key
-from .regret import bucket_regret, summary
-from .runoff import RunoffBudget, RunoffResult, finalists, runoff
+from .choice import RULE_SPAN
+from .inputs import has_specs
+from .measuring import Benches, Measured, TuneSettings, config_key, measure
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store
@@ -186,135 +188,9 @@ def arrivals(plan: CandidatePlan, tuned: TunedKernel, store: Store | None, arch:
     return (lambda: iter(ready)), len(ready)
 
 
-# ---- steps 3-4: runoff and choice ----------------------------------------------------------
-@dataclass(frozen=True)
-class Decision:
-    """The choice, and the runoff it was made on (None: fewer than two finalists)."""
-    choice: Choice
-    runoff: RunoffResult | None
-    finalists: tuple[Config, ...]
-
-
-def decide(bench: Bench, screened: Sequence[Timing], plan: CandidatePlan, band: TieBand,
-           budget: RunoffBudget) -> tuple[Decision, list[dict[str, Any]]]:
-    """Run the finalists off and apply the tie rule: (decision, runoff failures)."""
-    final = finalists(screened, band, plan.default)
-    configs = tuple(t.config for t in final)
-    if len(final) < 2:
-        return Decision(choose(screened, plan.space, plan.default, band), None, configs), []
-    result = runoff(configs, bench.sample, band, budget)
-    failures = [{"config": c.to_json(), "error": why} for c, why in result.failures]
-    timings = result.timings if len(result.timings) > 1 else tuple(
-        t for t in final if t.config not in {c for c, _ in result.failures})
-    return Decision(choose(timings, plan.space, plan.default, band), result, configs), failures
-
-
-# ---- step 5: regret inside a Dim bucket ----------------------------------------------------
-def regret_of(tuned: TunedKernel, plan: CandidatePlan, decision: Decision,
-              screened: Sequence[Timing],
-              timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand,
-              bucket: Bucket | None = None) -> dict[str, Any] | None:
-    """The winner's regret inside its `Dim` bucket (None for a static workload). Its rivals
-    are the runoff's finalists, then the screening's next fastest: a winner far ahead at the
-    bucket's top may still lose at its bottom, which is what the regret is there to find."""
-    bucket = bucket or tuned.buckets.get(plan.spec)
-    if bucket is None:
-        return None
-    winner = decision.choice.winner.config
-    ranked = sorted(decision.runoff.timings, key=lambda t: t.mean_us) if decision.runoff else []
-    seen = {t.config for t in ranked}
-    ranked += [t for t in sorted(screened, key=lambda t: t.mean_us) if t.config not in seen]
-    regrets, problems = bucket_regret(bucket, winner, [t.config for t in ranked], timer_for,
-                                      band)
-    return {"bucket": bucket.to_json(), "lower": bucket.lower_bounds(),
-            **summary(regrets, problems)}
-
-
-# ---- launching ------------------------------------------------------------------------------
-class Benches:
-    """`Bench` es of one kernel on one GPU that share one served kernel per config (each
-    loads its CUBINs once, whatever the sizes they are launched at)."""
-
-    def __init__(self, tuned: TunedKernel, store: Store | None, fp: str, device: Device, *,
-                 stream: Any = None, input_device: Any = None, seed: int = 0,
-                 served: Callable[[Config], ServedKernel] | None = None,
-                 on_candidate: Callable[[Config], None] | None = None) -> None:
-        import torch
-
-        from ..serve.served_kernel import CubinSource, ServedKernel
-        self.tuned, self.seed, self.on_candidate = tuned, seed, on_candidate
-        self.on_gpu = torch.cuda.is_available()
-        self.stream = stream if stream is not None else torch.cuda.current_stream(device.index)
-        self.grid_dev = cuda_device(device.index) if self.on_gpu else \
-            nominal_device(device.arch)
-        self.inputs_at = input_device or f"cuda:{device.index}"
-        source = CubinSource(store, fp)
-        self._make = served or (lambda cfg: ServedKernel(tuned, cfg, source))
-        self._kernels: dict[Config, ServedKernel] = {}
-
-    def kernel_for(self, cfg: Config) -> ServedKernel:
-        if cfg not in self._kernels:
-            self._kernels[cfg] = self._make(cfg)
-        return self._kernels[cfg]
-
-    def on(self, inputs: Workload) -> Bench:
-        """A bench on these real inputs."""
-        return Bench(self.tuned, inputs, self.stream, self.grid_dev, self.kernel_for,
-                     self.on_candidate)
-
-    def on_spec(self, spec: Workload) -> Bench:
-        """A bench on random inputs made from specs (or the kernel's ``inputs`` hook)."""
-        return self.on(make_inputs(self.tuned, spec, self.inputs_at, self.seed))
-
-
 # ---- one kernel x workload -----------------------------------------------------------------
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-@dataclass
-class TuneSettings:
-    """How carefully to measure: the tie band, the runoff budget, whether to time regret."""
-    band: TieBand = field(default_factory=TieBand)
-    budget: RunoffBudget = field(default_factory=RunoffBudget)
-    regret: bool = True
-
-
-@dataclass
-class Measured:
-    """What measuring one key gave: the screening, the decision, the regret, their times."""
-    screened: list[Timing]
-    failed: list[dict[str, Any]]
-    error: str | None
-    decision: Decision | None = None
-    regret: dict[str, Any] | None = None
-    phases: dict[str, float] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-def measure(tuned: TunedKernel, plan: CandidatePlan, bench: Bench, benches: Benches,
-            order: Callable[[], Iterator[Config]], n_measure: int, timeout_s: float | None,
-            settings: TuneSettings, bucket: Bucket | None, *, regret: bool) -> Measured:
-    """Steps 3-5 on the GPU: screen, run the finalists off and decide, time the regret; then
-    launch the winner once (an in-place kernel's inputs are left as after its launch)."""
-    started = time.perf_counter()
-    screened, failed, error = bench.screen(n_measure, order, timeout_s) if n_measure else \
-        ([], [], None)
-    m = Measured(screened, failed, error, phases={"screen": time.perf_counter() - started})
-    if screened:
-        t = time.perf_counter()
-        m.decision, runoff_failed = decide(bench, screened, plan, settings.band,
-                                           settings.budget)
-        m.phases["runoff"] = time.perf_counter() - t
-        m.failed += runoff_failed
-        if regret:
-            t = time.perf_counter()
-            m.regret = regret_of(tuned, plan, m.decision, screened,
-                                 lambda cw: benches.on_spec(cw).sample, settings.band, bucket)
-            m.phases["regret"] = time.perf_counter() - t
-        bench.launch_once(m.decision.choice.winner.config)
-    m.seconds = time.perf_counter() - started
-    return m
 
 
 def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | None,
@@ -339,10 +215,11 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     ``pool`` compiles absent CUBINs, pipelined (without it they are reported missing).
     ``on_candidate`` is called before each config's first launch (supervision). ``served``
     gives the kernel object per config (the runtime's JIT-compiles a miss under its policy;
-    ``store`` may then be None). ``settings``: tie band, runoff budget, regret switch.
-    ``bucket``: the `Dim` bucket whose regret to time (default: the declared one ``w``
-    represents; a refined sub-bucket's tuning passes its own). A record whose ``config`` is
-    None (no candidate could be measured) is returned, not written.
+    ``store`` may then be None). ``settings``: tie band, race budget, span switch, split
+    limit. ``bucket``: the `Dim` bucket ``w`` represents (default: the declared one), measured
+    at its other sizes and split where needed; each sub-bucket's record is written beside the
+    bucket's. A record whose ``config`` is None (no candidate could be measured) is returned,
+    not written.
     """
     import torch
 
@@ -365,15 +242,15 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     with (torch.cuda.device(device.index) if benches.on_gpu else contextlib.nullcontext()), \
             counter.active():
         m = measure(tuned, plan, bench, benches, order, n_measure, timeout_s, settings,
-                    bucket if not real else None, regret=settings.regret and not real)
+                    None if real else bucket or tuned.buckets.get(spec))
     plan.failures += m.failed + _compile_failures(plan, pool) + \
         _all_failed(plan, m.error, pool)
-    decision = m.decision
-    record = _record(tuned, plan, device, fp, m.screened, decision, m.regret, settings, real,
+    record = _record(tuned, plan, device, fp, m, settings, real,
                      compiled=_compiled(plan, pool), compiles=counter.total,
-                     measure_s=m.seconds, seconds=time.perf_counter() - started,
-                     phases=m.phases)
-    if write and decision is not None and store is not None:
+                     seconds=time.perf_counter() - started)
+    if write and m.decision is not None and store is not None:
+        for sub_spec, sub in _sub_records(tuned, plan, device, fp, m, record):
+            store.put_tuning(record_key(tuned, sub_spec, device, fp), sub.to_json())
         store.put_tuning(record_key(tuned, spec, device, fp), record.to_json())
     return record
 
@@ -401,17 +278,18 @@ def _all_failed(plan: CandidatePlan, error: str | None, pool: CompilePool | None
             if config_key(c) not in known]
 
 
-def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str,
-            screened: Sequence[Timing], decision: Decision | None, regret: dict[str, Any] | None,
+def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str, m: Measured,
             settings: TuneSettings, real: bool, *, compiled: list[str], compiles: int,
-            measure_s: float, seconds: float, phases: dict[str, float]) -> TuningRecord:
+            seconds: float) -> TuningRecord:
     """The tuning record of one key (``config`` None when nothing could be measured)."""
-    by_cfg = {t.config: t for t in screened}
+    decision = m.decision
+    by_cfg = {t.config: t for t in m.screened}
     if decision is not None and decision.runoff is not None:
         by_cfg.update({t.config: t for t in decision.runoff.timings})  # same clock as winner's
     dflt = by_cfg.get(plan.default)
     choice = decision.choice if decision is not None else None
-    winner = choice.winner if choice is not None else None
+    winner = by_cfg.get(m.winner) if m.winner is not None else None
+    top = m.groups[-1] if m.groups else None
     return TuningRecord(
         kernel=tuned.name, module=tuned.module, kernel_fp=tuned.fingerprint,
         arch=device.arch, gpu=device.name, driver=device.driver, toolchain=fp,
@@ -420,23 +298,63 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str,
         config=winner.config.to_json() if winner is not None else None,
         compile_key=plan.keys.get(winner.config) if winner is not None else None,
         mean_us=winner.mean_us if winner is not None else None,
-        ci_us=winner.ci_us if winner is not None else None,
+        ci_us=finite(winner.ci_us) if winner is not None else None,
         default={"config": plan.default.to_json(), "mean_us": dflt.mean_us if dflt else None,
                  "ci_us": dflt.ci_us if dflt else None},
-        candidates=[t.to_json() for t in sorted(screened, key=lambda t: t.mean_us)],
+        candidates=[t.to_json() for t in sorted(m.screened, key=lambda t: t.mean_us)],
         failures=plan.failures,
         space={"total": plan.total, "pruned": plan.pruned, "kept": len(plan.space)},
         choice=None if choice is None else {
-            "rule": choice.rule, "band": settings.band.to_json(),
+            "rule": choice.rule if top is None or top.winner == choice.winner.config
+            else RULE_SPAN, "band": settings.band.to_json(),
             "fastest": choice.fastest.config.to_json(),
             "ties": [t.to_json() for t in choice.ties]},
         runoff=None if decision is None or decision.runoff is None else {
             **decision.runoff.to_json(), "budget": settings.budget.to_json()},
-        regret=regret,
-        compiled_during_tune=len(compiled), compiles_during_measurement=compiles,
-        measure_seconds=round(measure_s, 3), seconds=round(seconds, 3),
-        phase_seconds={k: round(v, 3) for k, v in phases.items()},
+        regret=None if m.span is None or top is None else {
+            **m.span.regret_json(top, m.span.bucket.to_json()), "unsplit": m.unsplit,
+            "worst_pct": round(100 * top.worst_pct, 3)},
+        refined=None if m.span is None else refined_json(
+            [m.span.as_split(g, top.winner) for g in m.groups[:-1]] if top else [],
+            settings.max_splits),
+        check=m.check, compiled_during_tune=len(compiled), compiles_during_measurement=compiles,
+        measure_seconds=round(m.seconds, 3), seconds=round(seconds, 3),
+        phase_seconds={k: round(v, 3) for k, v in m.phases.items()},
         source="online" if real else "workload", tuned_at=_now())
+
+
+def finite(ci: float) -> float | None:
+    """A CI for JSON: None where one round gave none (infinite)."""
+    return ci if math.isfinite(ci) else None
+
+
+def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str,
+                 m: Measured, parent: TuningRecord) -> Iterator[tuple[Workload, TuningRecord]]:
+    """The records of a split bucket's sub-buckets, keyed by their split points, from the
+    times the span measured there."""
+    if m.span is None:
+        return
+    for g in m.groups[:-1]:
+        assert g.point is not None
+        spec = concretize(m.span.bucket.declared, g.point)
+        at = m.span.times[m.span.sizes.index(g.point)]
+        win = at[g.winner]
+        yield spec, dataclasses.replace(
+            parent, tuning_key=tuned.tuning_key(spec),
+            workload={n: spec_to_json(v) for n, v in spec.items()},
+            config=g.winner.to_json(),
+            compile_key=job_for(tuned, g.winner, spec, device.arch, fp).key,
+            mean_us=win.mean_us, ci_us=finite(win.ci_us),
+            default={"config": plan.default.to_json(),
+                     "mean_us": at[plan.default].mean_us if plan.default in at else None,
+                     "ci_us": at[plan.default].ci_us if plan.default in at else None},
+            candidates=[t.to_json() for t in sorted(at.values(), key=lambda t: t.mean_us)],
+            choice={"rule": RULE_SPAN, "band": parent.choice["band"] if parent.choice else None,
+                    "fastest": min(at.values(), key=lambda t: t.mean_us).config.to_json(),
+                    "ties": []},
+            runoff=None, regret={**m.span.regret_json(g, g.point), "unsplit": None,
+                                 "worst_pct": round(100 * g.worst_pct, 3)},
+            refined=None, source="split")
 
 
 def context_ok() -> bool:

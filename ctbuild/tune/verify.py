@@ -4,7 +4,7 @@ this GPU and report drift, rewriting nothing.
 How a fleet checks a new GPU type, driver or node before trusting a cache built elsewhere: for
 every kernel x workload with a record (this GPU's, else one of the same arch and toolchain from
 another GPU model), the recorded winner and the configs it was chosen among run off again
-(interleaved, `ctbuild.tune.runoff`) and the tie rule decides anew. A record *agrees* when the
+(interleaved, `ctbuild.tune.race`) and the tie rule decides anew. A record *agrees* when the
 recorded winner is still among the ties of the fastest; *drifted* names the new fastest and by
 how much the recorded winner is slower.
 """
@@ -17,8 +17,9 @@ from ..arch import Arch
 from ..records import TuningRecord, stored_tuning
 from ..space import Config
 from .choice import TieBand, choose
-from .runoff import RunoffBudget, runoff
-from .tuner import Benches, Device, record_key
+from .measuring import Benches
+from .race import FINALS_BUDGET, RaceBudget, race
+from .tuner import Device, record_key
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store
@@ -64,7 +65,7 @@ def contenders(rec: TuningRecord) -> list[dict[str, Any]]:
 
 
 def verify_entry(entry: Entry, store: Store, device: Device, fp: str, band: TieBand,
-                 budget: RunoffBudget | None = None) -> dict[str, Any]:
+                 budget: RaceBudget = FINALS_BUDGET) -> dict[str, Any]:
     """One entry's verification summary (see the module doc); never writes the store."""
     rec = recorded_for(entry, store, device, fp)
     head = {"kernel": entry.kernel.name, "entry": entry.index}
@@ -73,7 +74,7 @@ def verify_entry(entry: Entry, store: Store, device: Device, fp: str, band: TieB
     configs = [Config(c, entry.kernel.name) for c in contenders(rec)]
     winner = configs[0]
     bench = Benches(entry.kernel, store, fp, device).on_spec(entry.workload)
-    result = runoff(configs, bench.sample, band, budget or RunoffBudget()) \
+    result = race(configs, bench.sample, band, budget) \
         if len(configs) > 1 else None
     timings = {t.config: t for t in (result.timings if result else ())}
     out = {**head, "recorded": rec.config, "recorded_on": rec.gpu,

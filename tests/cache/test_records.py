@@ -39,7 +39,7 @@ def test_tuning_record_without_format_reads_as_v1_and_writes_the_same_fields() -
     assert V1_TUNING == {k: v for k, v in written.items() if k in V1_TUNING}
     # fields a v1 record did not have are written empty (how the winner was chosen: tune's)
     added = {k: v for k, v in written.items() if k not in V1_TUNING and k != "format"}
-    assert added == {"choice": None, "runoff": None, "regret": None, "refined": None,
+    assert added == {"choice": None, "runoff": None, "regret": None, "refined": None, "check": None,
                      "fleet": None, "phase_seconds": {}}
 
 

@@ -55,11 +55,12 @@ def test_split_points_are_read_defensively() -> None:
         "no list of splits": {"splits": {"L": 150}},
         f"more than the {MAX_SPLITS}": _entry(*range(130, 131 + MAX_SPLITS)),
         "exactly ['L']": {"splits": [{"sizes": {"M": 150}}]},
-        "L=128 is not a size in [129, 255]": _entry(128),
-        "L=256 is not a size": _entry(256),
+        "L=128 is not a size in [129, 256]": _entry(128),
+        "is the bucket's upper bound": _entry(256),
         "L=True": {"splits": [{"sizes": {"L": True}}]},
         "L=150.0": {"splits": [{"sizes": {"L": 150.0}}]},
         "does not lie above": _entry(200, 150),
+        "larger in one": _entry(150, 150),
     }
     for reason, raw in hostile.items():
         with pytest.raises(BucketMapError, match=reason.replace("[", r"\[").replace("]", r"\]")):
@@ -67,6 +68,24 @@ def test_split_points_are_read_defensively() -> None:
     # A regret that is not a number is not shown, the split still serves.
     assert read_splits({"splits": [{"sizes": {"L": 150}, "regret_pct": "x"}]}, b)[0] == \
         Split((("L", 150),), None)
+
+
+def test_a_bucket_over_two_dims_splits_along_one() -> None:
+    """A split along S (B at its upper bound) holds every B with S up to the point; the
+    sub-bucket keeps the bucket's lower bound in B."""
+    from ctbuild.dims import buckets
+    from ctbuild.specs import Workload
+    w = Workload({"X": Tensor((Dim("B", 1, 8, buckets=[8]), Dim("S", 16, 8192, buckets=[8192]),
+                               64), "float16")})
+    [b] = list(buckets(w))
+    splits = read_splits({"splits": [{"sizes": {"B": 8, "S": 91}},
+                                     {"sizes": {"B": 8, "S": 1024}}]}, b)
+    assert split_for(splits, {"B": 3, "S": 91}) == splits[0]
+    assert split_for(splits, {"B": 8, "S": 92}) == splits[1]
+    assert split_for(splits, {"B": 1, "S": 1025}) is None
+    assert splits[1].sub_bucket(b, splits[0]).lower_bounds() == {"B": 1, "S": 92}
+    with pytest.raises(BucketMapError, match="upper bound"):
+        read_splits({"splits": [{"sizes": {"B": 8, "S": 8192}}]}, b)
 
 
 def _record(store: Store, top: int, tile: int, refined: dict | None = None) -> str:
@@ -94,7 +113,7 @@ def test_a_size_in_a_sub_bucket_resolves_with_its_record(runtime_store: Store,
         ({"TILE": 32}, sub, {"L": 150})
     assert inside["bucket"] == {"L": 256} and inside["config_from"] == "record"
     assert inside["bucket_why"] == ("L=140 falls in sub-bucket L<=150, which ctbuild tune "
-                                    "--refine split from bucket L<=256; the bucket's winner was "
+                                    "split from bucket L<=256; the bucket's winner was "
                                     "7.5% slower there: the sub-bucket's record serves")
     assert (top["config"], top["record_key"]) == ({"TILE": 32}, sub)  # tuned at that size
     assert (above["config"], above["record_key"], above["sub_bucket"]) == \
@@ -127,7 +146,7 @@ def test_a_hostile_map_is_ignored_with_a_warning(runtime_store: Store,
     assert "bucket_why" not in e
     warned = [r.getMessage() for r in caplog.records if "refined buckets" in r.getMessage()]
     assert len(warned) == 1 and "the declared bucket serves" in warned[0]
-    assert "is not a size in [129, 255]" in warned[0]
+    assert "is not a size in [129, 256]" in warned[0]
 
 
 def test_new_sizes_of_a_bucket_share_its_lookups(runtime_store: Store,

@@ -1,6 +1,6 @@
-"""The tie rule, the runoff and the regret sizes: pure functions of measurements, checked with
-simulated GPUs whose clocks drift (the GPU tests and benchmarks/tune_reproducibility.py measure
-real ones)."""
+"""The tie rule, the race, a bucket's sizes and its splits: pure functions of measurements,
+checked with simulated GPUs whose clocks drift (the GPU tests and
+benchmarks/tune_reproducibility.py measure real ones)."""
 from __future__ import annotations
 
 import math
@@ -20,8 +20,8 @@ from ctbuild.tune.choice import (
     Timing,
     choose,
 )
-from ctbuild.tune.regret import interior_sizes
-from ctbuild.tune.runoff import RunoffBudget, decided, finalists, round_timings, runoff
+from ctbuild.tune.race import RaceBudget, decided, finalists, race, round_timings
+from ctbuild.tune.span import Span, span_sizes
 
 
 def cfg(tile: int) -> Config:
@@ -80,7 +80,7 @@ def test_runoff_cancels_drift_and_two_runs_agree():
     winners = set()
     for seed in range(6):
         gpu = DriftingGpu(true, seed)
-        result = runoff(list(true), gpu.sample, TieBand(2.0), RunoffBudget(max_seconds=60))
+        result = race(list(true), gpu.sample, TieBand(2.0), RaceBudget(max_seconds=60))
         c = choose(result.timings, SPACE, None, TieBand(2.0))
         assert cfg(512) not in [t.config for t in c.ties]
         winners.add(c.winner.config)
@@ -92,10 +92,28 @@ def test_runoff_drops_a_failing_finalist():
         if c == cfg(128):
             raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS")
         return {64: 10.0, 256: 20.0}[c.TILE]
-    result = runoff([cfg(64), cfg(128), cfg(256)], sample, TieBand(2.0))
+    result = race([cfg(64), cfg(128), cfg(256)], sample, TieBand(2.0))
     assert [c for c, _ in result.failures] == [cfg(128)]
     assert {t.config for t in result.timings} == {cfg(64), cfg(256)}
-    assert result.stopped == "decided" and result.rounds == 5
+    assert result.dropped == (cfg(256),)  # twice as slow: dropped after its first round
+    assert result.stopped == "one candidate left" and result.rounds == 1
+
+
+def test_a_race_drops_the_surely_slower_and_measures_the_rest():
+    """Ten configs, two near the fastest: the eight far behind stop being measured after a
+    round or two; the three left are decided as the tie rule needs."""
+    true = {cfg(t): 100.0 + (0.5 * t if t < 3 else 10.0 * t) for t in range(10)}
+    gpu = DriftingGpu(true, 1)
+    counts: dict[Config, int] = {}
+
+    def sample(c: Config) -> float:
+        counts[c] = counts.get(c, 0) + 1
+        return gpu.sample(c)
+    result = race(list(true), sample, TieBand(2.0), RaceBudget(max_seconds=60))
+    assert set(result.dropped) == {cfg(t) for t in range(3, 10)}
+    assert all(counts[cfg(t)] <= 2 * 3 for t in range(3, 10))
+    assert min(counts[cfg(t)] for t in range(3)) >= 5 * 3
+    assert choose(result.timings, list(true), None, TieBand(2.0)).winner.config == cfg(0)
 
 
 def test_round_timings_and_decided():
@@ -115,11 +133,50 @@ def test_finalists_keep_the_near_ones_and_the_default():
     assert cfg(256) not in [t.config for t in finalists(screened, TieBand(2.0), None)]
 
 
-def test_interior_sizes_lower_bound_and_geometric_midpoints():
+def test_span_sizes_lower_bound_and_geometric_midpoints():
     w = Workload({"X": Tensor((Dim("M", 1, 4096), 64), "float16")})
     by_top = {b.to_json()["M"]: b for b in buckets(w)}
-    assert interior_sizes(by_top[1024]) == [{"M": 513}, {"M": 646}, {"M": 813}]
-    assert interior_sizes(by_top[1]) == []                               # one size only
+    assert span_sizes(by_top[1024]) == [{"M": 513}, {"M": 646}, {"M": 813}]
+    assert span_sizes(by_top[1]) == []                                   # one size only
+    two = Workload({"X": Tensor((Dim("B", 1, 8, buckets=[2, 8]), Dim("S", 16, 8192,
+                                                                      buckets=[1024, 8192]),
+                                 64), "float16")})
+    [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
+    assert span_sizes(b) == [{"B": 3, "S": 8192}, {"B": 5, "S": 8192}, {"B": 8, "S": 1025},
+                             {"B": 8, "S": 2898}, {"B": 3, "S": 1025}]
+
+
+def _span(bucket, rows: dict[str, dict[int, float]]) -> Span:
+    """A span of ``bucket`` with times per size (its key) and TILE config."""
+    sizes = [dict(x.split("=") for x in k.split(",")) for k in rows]
+    sizes = [{n: int(v) for n, v in s.items()} for s in sizes]
+    times = [{cfg(t): Timing(cfg(t), us, 0.0, 5) for t, us in r.items()} for r in rows.values()]
+    return Span(bucket, sizes, times)
+
+
+def test_a_span_picks_the_smallest_worst_loss_and_splits_along_the_lossy_dim():
+    two = Workload({"X": Tensor((Dim("B", 1, 8), Dim("S", 16, 8192), 64), "float16")})
+    [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
+    order, band = [cfg(64), cfg(128), cfg(256)], TieBand(2.0)
+    # 64 wins at the top, 128 loses 1% there and 1.5% at S=1025: 128 is good everywhere.
+    span = _span(b, {"B=1,S=8192": {64: 10, 128: 10.1, 256: 12},
+                     "B=8,S=16": {64: 11, 128: 10.15, 256: 10},
+                     "B=8,S=8192": {64: 100, 128: 101, 256: 120}})
+    [g], why = span.split(order, None, band, limit=2)
+    assert g.winner == cfg(128) and why is None
+    # 256 is 20% faster at small S and 20% slower at the top: split along S at S=16; B (1%
+    # either way) is not the Dim that carries the loss.
+    span = _span(b, {"B=1,S=8192": {64: 10, 256: 10.1},
+                     "B=8,S=16": {64: 12, 256: 10},
+                     "B=8,S=91": {64: 12, 256: 10},
+                     "B=8,S=8192": {64: 100, 256: 120}})
+    groups, why = span.split(order, None, band, limit=2)
+    assert [(g.winner, g.point) for g in groups] == [(cfg(256), {"B": 8, "S": 91}),
+                                                    (cfg(64), None)]
+    assert why is None and span.along()[0] == "S"
+    # No split allowed: one winner (the smaller worst loss, 17%) and why.
+    [g], why = span.split(order, None, band, limit=0)
+    assert g.winner == cfg(64) and why == "splitting is off (--no-refine)"
 
 
 def test_verify_contenders_skip_what_a_hostile_record_holds():

@@ -1,0 +1,193 @@
+"""One winner for every size a `Dim` bucket serves, or a split where no config is good at all.
+
+A bucket serves every size from its lower bound to its upper bound with one config. Its key's
+own size (the upper bound) is screened and raced (`ctbuild.tune.race`); then every screened
+candidate races again at the other sizes `span_sizes` names: the lower bound and geometric
+midpoints of each Dim (with several Dims: along each Dim with the others at their upper bound,
+and the corner where all are at their lower bound). The loss of a config at a size is its time
+over the fastest there, minus one; a dropped candidate's loss is its time when dropped.
+
+The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
+the band of the smallest) go to the default config, else the first in space order
+(`ctbuild.tune.choice`). Where even that worst loss exceeds the band, the bucket is split along
+the Dim whose sizes carry the loss (`Span.split`): from the top down, each sub-bucket takes the
+smaller sizes while one config stays within the band over all of them. A sub-bucket's upper
+corner is its split point (`ctbuild.bucket_map`); its winner is recorded under the point's own
+tuning key, from the times already measured: nothing is measured twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..bucket_map import Split
+from ..dims import Bucket
+from ..space import Config
+from .choice import TieBand, Timing, choose
+
+#: Where along a Dim to measure, as fractions of the way from its lower to its upper bound on
+#: a log scale (0: the lower bound), for a bucket over one Dim and over several.
+ONE_DIM_FRACTIONS = (0.0, 1 / 3, 2 / 3)
+MULTI_DIM_FRACTIONS = (0.0, 1 / 2)
+
+
+def span_sizes(bucket: Bucket) -> list[dict[str, int]]:
+    """The sizes to race inside ``bucket`` other than its upper bound: along each Dim (the
+    others at their upper bound), then the all-lower corner; no size twice."""
+    top = dict(bucket.sizes)
+    low = bucket.lower_bounds()
+    fractions = ONE_DIM_FRACTIONS if len(top) == 1 else MULTI_DIM_FRACTIONS
+    out: list[dict[str, int]] = []
+    for name in sorted(top):
+        for f in fractions:
+            sizes = {**top, name: round(low[name] ** (1 - f) * top[name] ** f)}
+            if sizes != top and sizes not in out:
+                out.append(sizes)
+    if len(top) > 1 and low != top and low not in out:
+        out.append(dict(low))
+    return out
+
+
+@dataclass
+class Group:
+    """Consecutive sizes of a bucket that one config serves: indices into `Span.sizes`, the
+    winner, its worst loss, and (below the top) the split point."""
+    members: list[int]
+    winner: Config
+    worst_pct: float
+    point: dict[str, int] | None = None
+
+
+@dataclass
+class Span:
+    """The times of a bucket's candidates at each of its sizes (the upper bound last)."""
+    bucket: Bucket
+    sizes: list[dict[str, int]]
+    times: list[dict[Config, Timing]]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def top(self) -> int:
+        return len(self.sizes) - 1
+
+    def loss(self, i: int, cfg: Config) -> float:
+        """``cfg``'s time at size ``i`` over the fastest there, minus one."""
+        fastest = min(t.mean_us for t in self.times[i].values())
+        return self.times[i][cfg].mean_us / fastest - 1
+
+    def worst(self, members: Sequence[int]) -> dict[Config, float]:
+        """Per config timed at every one of ``members``, its worst loss there."""
+        common = set.intersection(*(set(self.times[i]) for i in members))
+        return {c: max(self.loss(i, c) for i in members) for c in common}
+
+    def pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
+             band: TieBand) -> tuple[Config, float]:
+        """(the config with the smallest worst loss over ``members``, by the tie rule applied
+        to worst losses; that loss)."""
+        worst = self.worst(members)
+        scores = [Timing(c, 1 + w, 0.0, 1) for c, w in worst.items()]
+        winner = choose(scores, order, default, TieBand(band.percent, ci_overlap=False)).winner
+        return winner.config, worst[winner.config]
+
+    def along(self) -> tuple[str, list[int]]:
+        """The Dim that carries the loss and the sizes along it, smallest first (the upper
+        bound last): with several Dims, the one whose own sizes leave the largest smallest
+        worst loss."""
+        top = self.sizes[self.top]
+        axes: dict[str, list[int]] = {}
+        for i, s in enumerate(self.sizes):
+            moved = [n for n in s if s[n] != top[n]]
+            if len(moved) == 1:
+                axes.setdefault(moved[0], []).append(i)
+        if not axes:
+            return next(iter(top)), [self.top]
+
+        def carried(name: str) -> float:
+            return min(self.worst([*axes[name], self.top]).values(), default=0.0)
+        name = max(sorted(axes), key=carried)
+        return name, sorted(axes[name], key=lambda i: self.sizes[i][name]) + [self.top]
+
+    def split(self, order: Sequence[Config], default: Config | None, band: TieBand,
+              limit: int) -> tuple[list[Group], str | None]:
+        """The groups the bucket is served by, smallest first (one: unsplit), and why it is
+        not split further where its worst loss still exceeds the band (None: it does not)."""
+        everything = list(range(len(self.sizes)))
+        winner, worst = self.pick(everything, order, default, band)
+        if worst * 100 <= band.percent:
+            return [Group(everything, winner, worst)], None
+        if limit == 0:
+            return [Group(everything, winner, worst)], "splitting is off (--no-refine)"
+        name, line = self.along()
+        runs = self._runs(line, band)
+        why = None
+        if len(runs) - 1 > limit:
+            runs = [sum(runs[:len(runs) - limit], []), *runs[len(runs) - limit:]]
+            why = f"the split limit ({limit}) is reached"
+        groups = self._groups(runs, name, order, default, band)
+        worst_left = max(g.worst_pct for g in groups)
+        if why is None and worst_left * 100 > band.percent:
+            why = (f"the loss left is off the Dim it was split along ({name}): a bucket is "
+                   "split along one Dim" if len(groups) > 1 else
+                   f"no size along {name} can be served apart from the others")
+        return groups, why
+
+    def _runs(self, line: list[int], band: TieBand) -> list[list[int]]:
+        """``line`` cut into runs from the top down: each run takes smaller sizes while one
+        config stays within the band over all of them."""
+        runs: list[list[int]] = []
+        hi = len(line) - 1
+        while hi >= 0:
+            lo = hi
+            while lo > 0 and min(self.worst(line[lo - 1:hi + 1]).values(),
+                                 default=1.0) * 100 <= band.percent:
+                lo -= 1
+            runs.insert(0, line[lo:hi + 1])
+            hi = lo - 1
+        return runs
+
+    def _groups(self, runs: list[list[int]], name: str, order: Sequence[Config],
+                default: Config | None, band: TieBand) -> list[Group]:
+        """The runs as groups: the sizes off the line join the top group (the all-lower
+        corner: the lowest), runs with the same winner merge, each below the top gets its
+        split point (its largest size along ``name``, the other Dims at their upper bound)."""
+        on_line = {i for r in runs for i in r}
+        off = [i for i in range(len(self.sizes)) if i not in on_line]
+        low = self.bucket.lower_bounds()
+        corner = [i for i in off if self.sizes[i] == low]
+        runs[0] = corner + runs[0]
+        runs[-1] = runs[-1] + [i for i in off if i not in corner]
+        groups: list[Group] = []
+        for members in runs:
+            winner, worst = self.pick(members, order, default, band)
+            if groups and groups[-1].winner == winner:
+                members = groups.pop().members + members
+                winner, worst = self.pick(members, order, default, band)
+            groups.append(Group(members, winner, worst))
+        top = dict(self.bucket.sizes)
+        for g in groups[:-1]:
+            g.point = {**top, name: max(self.sizes[i][name] for i in g.members)}
+        return groups
+
+    def regret_json(self, group: Group, bucket: dict[str, int]) -> dict[str, Any]:
+        """The record's ``regret`` entry of a group's winner: its loss at each of the group's
+        sizes (its own point, where it was chosen, included), and the worst."""
+        rows: list[dict[str, Any]] = []
+        for i in group.members:
+            if group.winner not in self.times[i]:
+                continue
+            fastest = min(self.times[i].values(), key=lambda t: t.mean_us)
+            rows.append({"sizes": self.sizes[i], "fastest": fastest.config.to_json(),
+                         "winner_us": self.times[i][group.winner].mean_us,
+                         "fastest_us": fastest.mean_us,
+                         "regret_pct": round(100 * self.loss(i, group.winner), 3)})
+        return {"bucket": bucket, "lower": self.bucket.lower_bounds(), "sizes": rows,
+                "max_pct": max((r["regret_pct"] for r in rows), default=None),
+                "problems": list(self.problems)}
+
+    def as_split(self, group: Group, served: Config) -> Split:
+        """A group below the top as the bucket map's split point, with the loss the bucket's
+        own winner (``served``) would have had there."""
+        assert group.point is not None
+        i = self.sizes.index(group.point)
+        pct = 100 * self.loss(i, served) if served in self.times[i] else None
+        return Split(tuple(sorted(group.point.items())), None if pct is None else round(pct, 3))
