@@ -2,9 +2,10 @@
 
     python benchmarks/tune_reproducibility.py [--config C ...] [--tie-band 2] [--json FILE]
 
-1. Precompile every planned candidate of each project (default: the examples, the coverage
-   fixture's `Dim` kernels and the heavy kernels over `Dim`s, benchmarks/kernels/tune_dims.toml) for this GPU's arch, in a local process pool (no Ray), into cache A;
-   copy it to cache B (the same CUBINs, no tuning records).
+1. Precompile every planned candidate of each project (default: benchmarks/kernels/tune_all.toml,
+   the examples, the coverage fixture's `Dim` kernels and the heavy kernels over `Dim`s) for
+   this GPU's arch, in a local process pool (no Ray), into cache A; copy it to cache B (the
+   same CUBINs, no tuning records).
 2. ``ctbuild tune`` each project into A, then into B (fresh processes, timed).
 3. Compare the records key by key and print, in one run:
    - the agreement of the winners (the tie rule's), and of the fastest screened candidate
@@ -38,9 +39,7 @@ for p in (str(ROOT), str(ROOT / "tests")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-DEFAULT_CONFIGS = [ROOT / "examples" / "ctbuild.toml",
-                   ROOT / "tests" / "fixtures" / "coverage_project" / "ctbuild.toml",
-                   ROOT / "benchmarks" / "kernels" / "tune_dims.toml"]
+DEFAULT_CONFIGS = [ROOT / "benchmarks" / "kernels" / "tune_all.toml"]
 
 
 def precompile_all(cache: Path, configs: list[Path], arch: str) -> None:
@@ -158,8 +157,8 @@ def phase_total(recs: dict[str, dict[str, Any]],
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", action="append", type=Path,
-                    help="project(s) to tune (default: the examples, the coverage fixture and "
-                         "benchmarks/kernels/tune_dims.toml)")
+                    help="project(s) to tune (default: benchmarks/kernels/tune_all.toml: the "
+                         "examples, the coverage fixture, the heavy kernels over Dims)")
     ap.add_argument("--tie-band", default="2")
     ap.add_argument("--arch", default="sm_90",
                     help="this GPU's arch (asked before CUDA starts: the pool forks)")

@@ -188,11 +188,11 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
 
 
 def lane_summary(gpu: int, lane: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One lane's share of the screening: its entries and the seconds its records spent
-    screening (the part that more GPUs divide; each lane's process start-up is not in it)."""
-    screen = sum(((s.get("record") or {}).get("phase_seconds") or {}).get("screen", 0.0)
-                 for s in lane)
-    return {"gpu": gpu, "entries": len(lane), "screen_s": round(screen, 3)}
+    """One lane's share of the measuring: its entries and the seconds its records spent
+    measuring, every phase (the part that more GPUs divide; each lane's process start-up is
+    not in it)."""
+    measured = sum((s.get("record") or {}).get("measure_seconds") or 0.0 for s in lane)
+    return {"gpu": gpu, "entries": len(lane), "measure_s": round(measured, 3)}
 
 
 def finals(run: FleetRun, entries: Sequence[Entry], results: dict[int, dict[str, Any]],

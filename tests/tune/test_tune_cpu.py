@@ -389,14 +389,27 @@ def test_fleet_moves_the_keys_of_a_dead_measuring_process(tmp_path):
     assert all(s["note"].startswith("tuning process died") and "moved to another GPU" in
                s["note"] for s in out), out
     assert len(seen) == 4 and report["slow_gpus"] == []
-    # each lane's share of the screening is reported (nothing screened: its processes died)
-    assert [(lane["gpu"], lane["entries"], lane["screen_s"]) for lane in report["lanes"]] == \
+    # each lane's share of the measuring is reported (nothing measured: its processes died)
+    assert [(lane["gpu"], lane["entries"], lane["measure_s"]) for lane in report["lanes"]] == \
         [(0, 1, 0.0), (1, 1, 0.0)] and report["screen_wall_s"] > 0
 
 
-def test_a_lane_summary_adds_its_records_screening_seconds():
+def test_a_lane_summary_adds_its_records_measuring_seconds():
     from ctbuild.tune.fleet import lane_summary
-    lane = [{"record": {"phase_seconds": {"screen": 1.25, "runoff": 9.0}}},
-            {"record": {"phase_seconds": {"screen": 0.5}}},
+    lane = [{"record": {"measure_seconds": 10.25, "phase_seconds": {"screen": 1.25}}},
+            {"record": {"measure_seconds": 0.5}}, {"record": {"measure_seconds": None}},
             {"record": None, "status": "failed"}, {"status": "skipped"}]
-    assert lane_summary(3, lane) == {"gpu": 3, "entries": 4, "screen_s": 1.75}
+    assert lane_summary(3, lane) == {"gpu": 3, "entries": 5, "measure_s": 10.75}
+
+
+def test_fleet_finals_only_for_keys_whose_race_ran_out_of_budget():
+    from ctbuild.records import TuningRecord
+    from ctbuild.tune.fleet import undecided
+    def rec(stopped, rule="fastest, no tie", splits=()):
+        return TuningRecord(kernel="k", runoff={"stopped": stopped}, choice={"rule": rule},
+                            refined={"splits": list(splits)})
+    assert undecided(rec("budget: seconds")) and undecided(rec("budget: rounds"))
+    assert not undecided(rec("decided")) and not undecided(rec("one candidate left"))
+    assert not undecided(rec("budget: seconds", "smallest worst loss over the bucket's sizes"))
+    assert not undecided(rec("budget: seconds", splits=[{"sizes": {"N": 8}}]))
+    assert not undecided(TuningRecord(kernel="k"))  # no race: one finalist
