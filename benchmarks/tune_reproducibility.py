@@ -89,19 +89,19 @@ def _time_in(rec: dict[str, Any], cfg: dict[str, Any], other: dict[str, Any]
     return None
 
 
-def _span_tie(rec: dict[str, Any], cfg: dict[str, Any]) -> tuple[float, bool] | None:
+def _span_tie(rec: dict[str, Any], cfg: dict[str, Any], band_pct: float
+              ) -> tuple[float, bool] | None:
     """(how much worse ``cfg``'s worst loss over the bucket's sizes is than the winner's, in
-    ``rec``'s data; whether it ties there), for a bucket record holding its span ties."""
+    ``rec``'s data; whether that is within the band), for a bucket record (None: not one)."""
     regret = rec.get("regret") or {}
-    ties = {json.dumps(t["config"], sort_keys=True): t["worst_pct"]
-            for t in regret.get("ties") or []}
-    if not ties:
+    worst = {json.dumps(t["config"], sort_keys=True): t["worst_pct"]
+             for t in regret.get("worst") or []}
+    own = worst.get(json.dumps(rec["config"], sort_keys=True))
+    mine = worst.get(json.dumps(cfg, sort_keys=True))
+    if own is None or mine is None:
         return None
-    own = regret.get("worst_pct", 0.0)
-    mine = ties.get(json.dumps(cfg, sort_keys=True))
-    if mine is None:
-        return float("nan"), False  # beyond the band there: not in the record
-    return 100 * ((1 + mine / 100) / (1 + own / 100) - 1), True
+    pct = 100 * ((1 + mine / 100) / (1 + own / 100) - 1)
+    return pct, pct <= band_pct
 
 
 def _fastest_screened(rec: dict[str, Any]) -> str:
@@ -109,7 +109,8 @@ def _fastest_screened(rec: dict[str, Any]) -> str:
                       sort_keys=True)
 
 
-def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct: float
+            ) -> dict[str, Any]:
     keys = sorted(set(a) & set(b))
     agree = old_agree = 0
     regrets: list[dict[str, Any]] = []
@@ -123,7 +124,7 @@ def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict[
         where = []
         inside = True
         for mine, theirs, rec in ((ra, rb, rb), (rb, ra, ra)):
-            span = _span_tie(rec, mine["config"])
+            span = _span_tie(rec, mine["config"], band_pct)
             if span is not None:  # a bucket's winner: its worst loss over the sizes there
                 worst, inside = max(worst, span[0]), inside and span[1]
                 where.append("span")
@@ -179,7 +180,7 @@ def main() -> int:
             times[run] += seconds
             gpu = out["gpu"]
     ra, rb = records(cache_a), records(cache_b)
-    result = compare(ra, rb)
+    result = compare(ra, rb, float(args.tie_band.rstrip("%")))
     regrets = [d["regret_pct"] for d in result["disagreements"]]
     result.update({
         "gpu": gpu, "tie_band_pct": float(args.tie_band.rstrip("%")),

@@ -12,9 +12,10 @@ microseconds; its CI comes from how much those normalised times vary between rou
 
 Racing: a candidate stops being measured once it is surely slower than the fastest by more than
 the tie band (its CI and the fastest's apart, beyond the band), or, after the first round, more
-than `COARSE_FACTOR` slower (more than clock drift can explain). Its last time is kept. Rounds
-go on until every candidate left is decided against the fastest (a sure tie or surely slower)
-or the budget ends, so a size costs little more than its survivors' samples.
+than `COARSE_FACTOR` slower (more than a round's drift and noise can explain). Its last time is
+kept. Rounds go on until every candidate left is decided against the fastest (a sure tie or
+surely slower), or (a bucket's other sizes) timed precisely enough, or the budget ends, so a
+size costs little more than its survivors' samples.
 """
 from __future__ import annotations
 
@@ -32,27 +33,32 @@ from .choice import TieBand, Timing
 MAX_FINALISTS = 6
 #: Screened candidates within this many tie bands of the fastest are finalists.
 FINALIST_BANDS = 3.0
-#: After one round, a candidate this much slower than the fastest leaves the race.
-COARSE_FACTOR = 1.3
+#: After the first round, a candidate this much slower than the fastest leaves the race.
+COARSE_FACTOR = 1.25
 
 
 @dataclass(frozen=True)
 class RaceBudget:
-    """How long a race may go on: rounds, samples per candidate and round, measured seconds."""
+    """How long a race may go on: rounds, samples per candidate and round, measured seconds;
+    ``precision_pct``: also stop once every candidate left is timed to within that percent of
+    the fastest (None: only a decision stops it)."""
     min_rounds: int = 5
     max_rounds: int = 40
     samples_per_round: int = 3
     max_seconds: float = 4.0
+    precision_pct: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"min_rounds": self.min_rounds, "max_rounds": self.max_rounds,
-                "samples_per_round": self.samples_per_round, "max_seconds": self.max_seconds}
+                "samples_per_round": self.samples_per_round, "max_seconds": self.max_seconds,
+                "precision_pct": self.precision_pct}
 
 
-#: The budget of a key's own size (the finalists).
+#: The budget of a key's own size (the finalists): until every tie is decided.
 FINALS_BUDGET = RaceBudget()
-#: The budget of each other size of a bucket (many candidates, most dropped early).
-SPAN_BUDGET = RaceBudget(min_rounds=3, max_rounds=15, max_seconds=1.0)
+#: The budget of each other size of a bucket (many candidates, most dropped early): a loss
+#: known to within half the default band is what the bucket's choice needs there.
+SPAN_BUDGET = RaceBudget(min_rounds=3, max_rounds=15, max_seconds=1.0, precision_pct=1.0)
 
 
 @dataclass(frozen=True)
@@ -95,17 +101,21 @@ def t_quantile(df: int) -> float:
     return 1.96 + 2.37 / df + 2.8 / df ** 2
 
 
-def round_timings(rounds: Sequence[dict[Config, float]]) -> list[Timing]:
+def round_timings(rounds: Sequence[dict[Config, float]],
+                  reference: Sequence[Config] | None = None) -> list[Timing]:
     """Each candidate's drift-cancelled time over ``rounds`` (each round: config -> its median
-    time in that round; every round holds the same configs)."""
+    time in that round). Every round is divided by the geometric mean of the ``reference``
+    configs (default: those in every round), which every round holds: so a candidate dropped
+    after a few rounds is on the same clock as those measured to the end."""
     if not rounds:
         return []
-    configs = list(rounds[0])
-    means = [math.exp(statistics.fmean(math.log(r[c]) for c in configs)) for r in rounds]
+    ref = list(reference) if reference is not None else \
+        [c for c in rounds[0] if all(c in r for r in rounds)]
+    means = [math.exp(statistics.fmean(math.log(r[c]) for c in ref)) for r in rounds]
     scale = math.exp(statistics.fmean(math.log(g) for g in means))
     out = []
-    for cfg in configs:
-        ratios = [r[cfg] / g for r, g in zip(rounds, means)]
+    for cfg in dict.fromkeys(c for r in rounds for c in r):
+        ratios = [r[cfg] / g for r, g in zip(rounds, means) if cfg in r]
         n = len(ratios)
         sd = statistics.stdev(ratios) if n > 1 else float("inf")
         ci = t_quantile(n - 1) * sd / math.sqrt(n) if n > 1 else float("inf")
@@ -127,6 +137,14 @@ def decided(timings: Sequence[Timing], band: TieBand) -> bool:
                for t in timings)
 
 
+def precise(timings: Sequence[Timing], pct: float | None) -> bool:
+    """Whether every candidate's CI is within ``pct`` percent of the fastest mean."""
+    if pct is None:
+        return False
+    fastest = min(t.mean_us for t in timings)
+    return all(t.ci_us <= fastest * pct / 100 for t in timings)
+
+
 def race(configs: Sequence[Config], sample: Callable[[Config], float], band: TieBand,
          budget: RaceBudget = FINALS_BUDGET) -> RaceResult:
     """Measure ``configs`` interleaved, dropping the surely slower, until decided or out of
@@ -135,45 +153,60 @@ def race(configs: Sequence[Config], sample: Callable[[Config], float], band: Tie
     live = list(configs)
     failures: list[tuple[Config, str]] = []
     rounds: list[dict[Config, float]] = []
-    left: dict[Config, Timing] = {}
+    dropped: list[Config] = []
     started = time.perf_counter()
     stopped = "budget: rounds"
     for r in range(budget.max_rounds):
-        order = live[r % len(live):] + live[:r % len(live)] if live else []
-        if r % 2:
-            order.reverse()
-        times: dict[Config, float] = {}
-        for cfg in order:
-            try:
-                times[cfg] = statistics.median(sample(cfg)
-                                               for _ in range(budget.samples_per_round))
-            except Exception as exc:  # noqa: BLE001 - one candidate failing leaves the others
-                failures.append((cfg, f"{type(exc).__name__}: {exc}"))
-                live.remove(cfg)
-                rounds = [{c: t for c, t in rd.items() if c != cfg} for rd in rounds]
-        if len(live) < 2:
-            stopped = "one candidate left"
-            rounds.append({c: times[c] for c in live})
-            break
-        rounds.append({c: times[c] for c in live})
-        timings = round_timings(rounds)
-        drop = _dropped(timings, band, coarse=len(rounds) < budget.min_rounds)
-        for t in drop:
-            left[t.config] = t
-            live.remove(t.config)
-        rounds = [{c: rd[c] for c in live} for rd in rounds]
+        times = _round(live, r, sample, budget.samples_per_round, failures)
+        rounds = [{c: t for c, t in rd.items() if c in times or c in dropped} for rd in rounds]
+        if times:
+            rounds.append(times)
         if len(live) < 2:
             stopped = "one candidate left"
             break
-        if len(rounds) >= budget.min_rounds and decided(round_timings(rounds), band):
+        now = [t for t in round_timings(rounds, live) if t.config in live]
+        dropped += [t.config for t in _dropped(now, band, coarse=len(rounds) == 1)]
+        live = [c for c in live if c not in dropped]
+        if len(live) < 2:
+            stopped = "one candidate left"
+            break
+        now = [t for t in round_timings(rounds, live) if t.config in live]
+        if len(rounds) >= budget.min_rounds and decided(now, band):
             stopped = "decided"
+            break
+        if len(rounds) >= budget.min_rounds and precise(now, budget.precision_pct):
+            stopped = "precise"
             break
         if time.perf_counter() - started > budget.max_seconds:
             stopped = "budget: seconds"
             break
-    kept = round_timings([rd for rd in rounds if rd]) if live else []
-    return RaceResult(tuple(kept) + tuple(left.values()), len(rounds), stopped,
-                      tuple(failures), tuple(left))
+    timings = round_timings(rounds, live) if live else []
+    return RaceResult(tuple(_finite(t) for t in timings), len(rounds), stopped,
+                      tuple(failures), tuple(dropped))
+
+
+def _round(live: list[Config], r: int, sample: Callable[[Config], float], samples: int,
+           failures: list[tuple[Config, str]]) -> dict[Config, float]:
+    """Round ``r``: each live candidate's median of ``samples`` launches, the order rotated
+    (and reversed every other round); a candidate whose sample raises leaves ``live``, its
+    error in ``failures``."""
+    order = live[r % len(live):] + live[:r % len(live)] if live else []
+    if r % 2:
+        order.reverse()
+    times: dict[Config, float] = {}
+    for cfg in order:
+        try:
+            times[cfg] = statistics.median(sample(cfg) for _ in range(samples))
+        except Exception as exc:  # noqa: BLE001 - one candidate failing leaves the others
+            failures.append((cfg, f"{type(exc).__name__}: {exc}"))
+            live.remove(cfg)
+    return times
+
+
+def _finite(t: Timing) -> Timing:
+    """A candidate timed in one round only has no CI: 0 (it left on a gap no drift explains,
+    or it is alone), never infinite (a tie rule would read it as overlapping everything)."""
+    return t if math.isfinite(t.ci_us) else dataclasses.replace(t, ci_us=0.0)
 
 
 def _dropped(timings: Sequence[Timing], band: TieBand, coarse: bool) -> list[Timing]:
@@ -181,6 +214,5 @@ def _dropped(timings: Sequence[Timing], band: TieBand, coarse: bool) -> list[Tim
     (``coarse``: too few rounds for a CI) `COARSE_FACTOR` slower."""
     fastest = min(timings, key=lambda t: t.mean_us)
     if coarse:  # one round has no CI: the gap itself is the evidence
-        return [dataclasses.replace(t, ci_us=0.0) for t in timings
-                if t.mean_us > fastest.mean_us * COARSE_FACTOR]
+        return [t for t in timings if t.mean_us > fastest.mean_us * COARSE_FACTOR]
     return [t for t in timings if t is not fastest and surely_slower(t, fastest, band)]

@@ -168,11 +168,10 @@ class Span:
             g.point = {**top, name: max(self.sizes[i][name] for i in g.members)}
         return groups
 
-    def regret_json(self, group: Group, bucket: dict[str, int], band_pct: float
-                    ) -> dict[str, Any]:
+    def regret_json(self, group: Group, bucket: dict[str, int]) -> dict[str, Any]:
         """The record's ``regret`` entry of a group's winner: its loss at each of the group's
-        sizes (its own point, where it was chosen, included), the worst, and the configs whose
-        worst loss ties with the smallest (what another tune's winner may be instead)."""
+        sizes (its own point, where it was chosen, included), the worst, and every config's
+        worst loss over those sizes (what the choice was made on)."""
         rows: list[dict[str, Any]] = []
         for i in group.members:
             if group.winner not in self.times[i]:
@@ -182,13 +181,11 @@ class Span:
                          "winner_us": self.times[i][group.winner].mean_us,
                          "fastest_us": fastest.mean_us,
                          "regret_pct": round(100 * self.loss(i, group.winner), 3)})
-        worst = self.worst(group.members)
-        low = min(worst.values(), default=0.0)
-        ties = sorted((w, c.to_json()) for c, w in worst.items()
-                      if (1 + w) <= (1 + low) * (1 + band_pct / 100))
+        worst = sorted(((w, c.to_json()) for c, w in self.worst(group.members).items()),
+                       key=lambda wc: wc[0])
         return {"bucket": bucket, "lower": self.bucket.lower_bounds(), "sizes": rows,
                 "max_pct": max((r["regret_pct"] for r in rows), default=None),
-                "ties": [{"config": c, "worst_pct": round(100 * w, 3)} for w, c in ties],
+                "worst": [{"config": c, "worst_pct": round(100 * w, 3)} for w, c in worst],
                 "problems": list(self.problems)}
 
     def as_split(self, group: Group, served: Config) -> Split:

@@ -312,7 +312,7 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str, m:
         runoff=None if decision is None or decision.runoff is None else {
             **decision.runoff.to_json(), "budget": settings.budget.to_json()},
         regret=None if m.span is None or top is None else {
-            **m.span.regret_json(top, m.span.bucket.to_json(), settings.band.percent),
+            **m.span.regret_json(top, m.span.bucket.to_json()),
             "unsplit": m.unsplit,
             "worst_pct": round(100 * top.worst_pct, 3)},
         refined=None if m.span is None else refined_json(
@@ -335,7 +335,6 @@ def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: st
     times the span measured there."""
     if m.span is None:
         return
-    band = (parent.choice or {}).get("band", {}).get("percent", 2.0)
     for g in m.groups[:-1]:
         assert g.point is not None
         spec = concretize(m.span.bucket.declared, g.point)
@@ -354,7 +353,7 @@ def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: st
             choice={"rule": RULE_SPAN, "band": parent.choice["band"] if parent.choice else None,
                     "fastest": min(at.values(), key=lambda t: t.mean_us).config.to_json(),
                     "ties": []},
-            runoff=None, regret={**m.span.regret_json(g, g.point, band), "unsplit": None,
+            runoff=None, regret={**m.span.regret_json(g, g.point), "unsplit": None,
                                  "worst_pct": round(100 * g.worst_pct, 3)},
             refined=None, source="split", phase_seconds={}, measure_seconds=None,
             seconds=None)

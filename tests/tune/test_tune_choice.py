@@ -191,3 +191,16 @@ def test_verify_contenders_skip_what_a_hostile_record_holds():
     assert contenders(rec) == [{"TILE": 64}, {"TILE": 128}]
     assert contenders(TuningRecord(kernel="k", config={"TILE": 64}, choice="x",  # type: ignore
                                    runoff=[1], candidates="y")) == [{"TILE": 64}]  # type: ignore
+
+
+def test_a_dropped_candidate_stays_on_the_survivors_clock():
+    """Dropped after a few rounds while the clock drifts by 15%: its time, over the fastest's
+    measured to the end, is still its true ratio (both divided by the same rounds' means)."""
+    true = {cfg(64): 100.0, cfg(128): 101.0, cfg(256): 112.0, cfg(512): 140.0}
+    for seed in range(4):
+        result = race(list(true), DriftingGpu(true, seed).sample, TieBand(2.0),
+                      RaceBudget(max_seconds=60))
+        ts = {t.config: t.mean_us for t in result.timings}
+        assert set(result.dropped) >= {cfg(256), cfg(512)}
+        assert ts[cfg(256)] / ts[cfg(64)] == pytest.approx(1.12, rel=0.015)
+        assert ts[cfg(512)] / ts[cfg(64)] == pytest.approx(1.40, rel=0.05)  # one round

@@ -201,26 +201,35 @@ def test_faulting_and_hanging_candidates_are_recorded(tmp_path):
 def test_two_measuring_processes_on_one_gpu_record_one_fleet_winner(examples_tuned,
                                                                     examples_cache, tmp_path):
     """--gpus 0,0: two measuring processes share this GPU (the multi-GPU logic, not its speed):
-    the keys are split between them, every key's finalists measured by both, and the record
-    holds the winner decided on their median with both processes' times."""
+    the keys are split between them; a key whose race ran out of budget (a finalist at the
+    band's edge: a band of 0.1% makes some) is measured by both and its record holds the winner
+    decided on their median with both processes' times; a decided key is measured once."""
     import shutil
 
     from ctbuild.cache import Store
     cache = tmp_path / "cache"
     shutil.copytree(examples_cache, cache)
     r = run_cli("tune", "--config", str(EXAMPLES / "ctbuild.toml"), "--cache", str(cache),
-                "--json", "--retune", "--gpus", "0,0", "--kernel", "silu_mul,rmsnorm")
+                "--json", "--retune", "--gpus", "0,0", "--kernel", "silu_mul,rmsnorm",
+                "--tie-band", "0.1")
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout)
     _keep("fleet-tune.json", out)
     assert out["fleet"]["gpus"] == [0, 0] and out["tuned"] == 4 and out["failed"] == 0
     store = Store(cache)
+    fleet = 0
     for s in out["entries"]:
         rec = s["record"]
-        assert rec["choice"]["fleet"] and len(rec["fleet"]["per_gpu"]) == 2, rec
-        assert all(len(lane) >= 2 for lane in rec["fleet"]["per_gpu"]), rec["fleet"]
+        if rec.get("fleet"):
+            fleet += 1
+            assert rec["choice"]["fleet"] and len(rec["fleet"]["per_gpu"]) == 2, rec
+            assert all(len(lane) >= 2 for lane in rec["fleet"]["per_gpu"]), rec["fleet"]
+            assert rec["runoff"]["stopped"].startswith("budget"), rec["runoff"]
+        else:
+            assert not (rec.get("runoff") or {}).get("stopped", "").startswith("budget"), rec
         assert store.get_tuning(s["record_key"])["config"] == s["winner"]
         assert store.has_compile(store.get_tuning(s["record_key"])["compile_key"])
+    assert out["fleet"]["finals_keys"] == fleet
 
 
 def test_verify_re_measures_recorded_winners_and_rewrites_nothing(examples_tuned,
