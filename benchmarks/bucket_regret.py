@@ -137,7 +137,7 @@ def measured_rows(cache: Path, configs: list[Path]) -> list[dict[str, Any]]:
                     if won is None:
                         continue
                     result = race(cands, benches.on_spec(spec).sample, TieBand(1.0),
-                                  RaceBudget(min_rounds=5, max_rounds=20, max_seconds=3.0))
+                                  RaceBudget(min_rounds=5, max_rounds=20, max_seconds=1.5))
                     times = {t.config: t.mean_us for t in result.timings}
                     if won not in times:
                         continue

@@ -213,6 +213,13 @@ def main() -> int:
               f"screening alone ({s:.1f} s): output check {check_s:.1f} s, race at the keys' "
               f"own sizes {runoff_s:.1f} s, the buckets' other sizes "
               f"{added - runoff_s - check_s:.1f} s")
+    by_kernel: dict[str, dict[str, float]] = {}
+    for rec in ra.values():
+        mine = by_kernel.setdefault(rec["kernel"], {})
+        for phase, secs in (rec.get("phase_seconds") or {}).items():
+            mine[phase] = mine.get(phase, 0.0) + secs
+    for name, phases in sorted(by_kernel.items(), key=lambda kv: -sum(kv[1].values())):
+        print(f"  {name:<20} " + ", ".join(f"{p} {v:.2f} s" for p, v in phases.items()))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
