@@ -4,8 +4,8 @@
     python benchmarks/bucket_regret.py --cache DIR --measure --config C [--config C ...]
 
 ``--measure`` (on a GPU) does not trust the records: at sizes the tuner did not race (along
-each Dim at 1/6, 1/2 and 5/6 of the way from the lower bound on a log scale; with several Dims,
-each Dim at 1/6 or 5/6 independently and all at 1/2), it asks the runtime what it serves
+one Dim at 1/8, 3/8, 5/8 and 7/8 of the way from the lower bound on a log scale; with several
+Dims, each at 1/4 or 3/4 independently and all at 1/2), it asks the runtime what it serves
 (``explain``: the bucket's record, or the sub-bucket's where the bucket was split), races that
 config against every candidate there and prints the served config's loss over the fastest:
 p50, p95 and max over all those sizes, per kernel and in total.
@@ -81,25 +81,32 @@ def as_served(rows: list[dict[str, Any]]
     return declared, sub_rows, served
 
 
-CHECK_FRACTIONS = (1 / 6, 1 / 2, 5 / 6)
+CHECK_FRACTIONS = (1 / 8, 3 / 8, 5 / 8, 7 / 8)
 
 
 def check_sizes(bucket: Any) -> list[dict[str, int]]:
-    """Sizes inside ``bucket`` that the tuner does not race (`ctbuild.tune.span` races 0, 1/3
-    and 2/3 along one Dim, 0 and 1/2 along each of several)."""
+    """Sizes inside ``bucket`` that the tuner does not race (`ctbuild.tune.span.span_sizes`):
+    along one Dim at 1/8, 3/8, 5/8 and 7/8 of the way from its lower bound on a log scale;
+    with several Dims each at 1/4 or 3/4 independently, and all at 1/2. A size the tuner
+    races is moved up by one."""
     import itertools
+
+    from ctbuild.tune.span import span_sizes
     top, low = dict(bucket.sizes), bucket.lower_bounds()
+    raced = span_sizes(bucket)
 
     def at(name: str, f: float) -> int:
         return round(low[name] ** (1 - f) * top[name] ** f)
     names = sorted(top)
     combos = [[f] for f in CHECK_FRACTIONS] if len(names) == 1 else \
-        [list(c) for c in itertools.product((1 / 6, 5 / 6), repeat=len(names))] + \
+        [list(c) for c in itertools.product((1 / 4, 3 / 4), repeat=len(names))] + \
         [[1 / 2] * len(names)]
     out: list[dict[str, int]] = []
     for combo in combos:
         sizes = {n: at(n, f) for n, f in zip(names, combo)}
-        if sizes != top and sizes not in out:
+        if sizes in raced:
+            sizes = {n: min(v + 1, top[n]) for n, v in sizes.items()}
+        if sizes != top and sizes not in out and sizes not in raced:
             out.append(sizes)
     return out
 

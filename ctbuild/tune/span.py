@@ -2,9 +2,10 @@
 
 A bucket serves every size from its lower bound to its upper bound with one config. Its key's
 own size (the upper bound) is screened and raced (`ctbuild.tune.race`); then every screened
-candidate races again at the other sizes `span_sizes` names: the lower bound and geometric
-midpoints of each Dim (with several Dims: along each Dim with the others at their upper bound,
-and the corner where all are at their lower bound). The loss of a config at a size is its time
+candidate races again at the other sizes `span_sizes` names: along each Dim (the others at their
+upper bound) its lower bound, the sizes one above each power of two in between (where a tile the
+upper bound fills exactly wastes the most) and geometric midpoints; with several Dims also the
+corner where all are at their lower bound and a point in the middle of all. The loss of a config at a size is its time
 over the fastest there, minus one; a dropped candidate's loss is its time when dropped.
 
 The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
@@ -25,27 +26,47 @@ from ..dims import Bucket
 from ..space import Config
 from .choice import TieBand, Timing, choose
 
-#: Where along a Dim to measure, as fractions of the way from its lower to its upper bound on
-#: a log scale (0: the lower bound), for a bucket over one Dim and over several.
-ONE_DIM_FRACTIONS = (0.0, 1 / 3, 2 / 3)
-MULTI_DIM_FRACTIONS = (0.0, 1 / 2)
+#: The most sizes below its upper bound raced along one Dim of a bucket.
+MAX_PER_DIM = 5
+
+
+def dim_points(lo: int, hi: int) -> list[int]:
+    """The sizes below ``hi`` to race along one Dim: its lower bound; one above each power of
+    two in between, where a power-of-two tile wastes the most (a tile the top fills exactly
+    runs almost half empty there); then geometric midpoints of the widest gaps. At most
+    `MAX_PER_DIM`, spread on a log scale; sizes within 25% of a chosen one add little."""
+    import math
+    pts = [lo]
+    for k in range(hi.bit_length()):
+        p = 2 ** k + 1
+        if lo < p < hi and math.log(p / pts[-1]) > math.log(1.25):
+            pts.append(p)
+    if len(pts) > MAX_PER_DIM:
+        pts = [pts[round(i * (len(pts) - 1) / (MAX_PER_DIM - 1))] for i in range(MAX_PER_DIM)]
+    while len(pts) < MAX_PER_DIM:
+        edges = [*pts, hi]
+        gap, a, b = max((math.log(b / a), a, b) for a, b in zip(edges, edges[1:]))
+        mid = round(math.sqrt(a * b))
+        if gap <= math.log(1.25) or not a < mid < b:
+            break
+        pts = sorted({*pts, mid})
+    return [p for p in pts if p < hi]
 
 
 def span_sizes(bucket: Bucket) -> list[dict[str, int]]:
-    """The sizes to race inside ``bucket`` other than its upper bound: along each Dim (the
-    others at their upper bound), then the all-lower corner; no size twice."""
+    """The sizes to race inside ``bucket`` other than its upper bound: along each Dim
+    (`dim_points`, the others at their upper bound); with several Dims also the all-lower
+    corner and the point where every Dim is at the middle of its points; no size twice."""
     top = dict(bucket.sizes)
     low = bucket.lower_bounds()
-    fractions = ONE_DIM_FRACTIONS if len(top) == 1 else MULTI_DIM_FRACTIONS
+    points = {name: dim_points(low[name], top[name]) for name in top}
     out: list[dict[str, int]] = []
     for name in sorted(top):
-        for f in fractions:
-            sizes = {**top, name: round(low[name] ** (1 - f) * top[name] ** f)}
-            if sizes != top and sizes not in out:
-                out.append(sizes)
-    if len(top) > 1 and low != top and low not in out:
-        out.append(dict(low))
-    return out
+        out += [{**top, name: p} for p in points[name]]
+    if len(top) > 1:
+        middle = {n: pts[len(pts) // 2] if pts else top[n] for n, pts in points.items()}
+        out += [dict(low), middle]
+    return [s for i, s in enumerate(out) if s != top and s not in out[:i]]
 
 
 @dataclass
@@ -147,25 +168,26 @@ class Span:
 
     def _groups(self, runs: list[list[int]], name: str, order: Sequence[Config],
                 default: Config | None, band: TieBand) -> list[Group]:
-        """The runs as groups: the sizes off the line join the top group (the all-lower
-        corner: the lowest), runs with the same winner merge, each below the top gets its
-        split point (its largest size along ``name``, the other Dims at their upper bound)."""
-        on_line = {i for r in runs for i in r}
-        off = [i for i in range(len(self.sizes)) if i not in on_line]
-        low = self.bucket.lower_bounds()
-        corner = [i for i in off if self.sizes[i] == low]
-        runs[0] = corner + runs[0]
-        runs[-1] = runs[-1] + [i for i in off if i not in corner]
-        groups: list[Group] = []
-        for members in runs:
-            winner, worst = self.pick(members, order, default, band)
-            if groups and groups[-1].winner == winner:
-                members = groups.pop().members + members
-                winner, worst = self.pick(members, order, default, band)
-            groups.append(Group(members, winner, worst))
+        """The runs as groups, smallest first: each run's split point is its largest size
+        along ``name`` (the other Dims at their upper bound); a size off the line (the
+        corner, the middle, the other Dims' sizes) joins the group whose range along ``name``
+        holds it; runs with the same winner merge."""
         top = dict(self.bucket.sizes)
-        for g in groups[:-1]:
-            g.point = {**top, name: max(self.sizes[i][name] for i in g.members)}
+        bounds = [max(self.sizes[i][name] for i in r) for r in runs]
+        members = [list(r) for r in runs]
+        on_line = {i for r in runs for i in r}
+        for i in range(len(self.sizes)):
+            if i not in on_line:
+                v = self.sizes[i][name]
+                members[next(k for k, b in enumerate(bounds) if v <= b)].append(i)
+        groups: list[Group] = []
+        for m, b in zip(members, bounds):
+            winner, worst = self.pick(m, order, default, band)
+            if groups and groups[-1].winner == winner:
+                m = groups.pop().members + m
+                winner, worst = self.pick(m, order, default, band)
+            groups.append(Group(m, winner, worst, {**top, name: b}))
+        groups[-1].point = None
         return groups
 
     def regret_json(self, group: Group, bucket: dict[str, int]) -> dict[str, Any]:
