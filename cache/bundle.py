@@ -433,7 +433,9 @@ def _open_tar(stream: IO[bytes]) -> Iterator[tarfile.TarFile]:
     try:
         tar = tarfile.open(fileobj=stream, mode="r:*")
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise CacheError(f"not a readable tar bundle ({exc}); nothing was imported") from None
+        # tarfile lists each compression it tried on a line of its own: one line here
+        why = "neither tar nor tar.gz, .bz2 or .xz" if "\n" in str(exc) else str(exc)
+        raise CacheError(f"not a readable tar bundle ({why}); nothing was imported") from None
     try:
         with tar:
             yield tar

@@ -45,8 +45,8 @@ examples:
   ctbuild cache export --sign ci.pem k.tgz     ... signed (Ed25519 private key, or an HMAC secret file)
   ctbuild cache import --require-signature ci.pub.pem k.tgz   accept only bundles signed with that key
   ctbuild cache keygen ci.pem ci.pub.pem       an Ed25519 key pair for signing
-  ctbuild cache push localhost:5000/kernels:v1 the cache as a one-layer OCI image (--sign KEY to sign it)
-  ctbuild cache pull localhost:5000/kernels:v1 check (--require-signature --key PUB.pem) and import an image
+  ctbuild cache push localhost:5000/kernels:v1   the cache as a one-layer OCI image (--sign KEY to sign it)
+  ctbuild cache pull localhost:5000/kernels:v1   check (--require-signature --key PUB.pem) and import an image
 """
 
 #: Commands that only read: they open the cache read-only, so they never write into a directory.
@@ -76,10 +76,20 @@ def parse_archs(text: str) -> list[str]:
     if not all(archs):
         raise argparse.ArgumentTypeError(
             f"invalid --arch {text!r}: give comma-separated archs with none empty, e.g. sm_90,sm_100")
-    if bad := [a for a in archs if not re.fullmatch(r"sm_\d{2,3}", a)]:  # else an empty bundle
-        digits = re.sub(r"\D", "", bad[0]) or "90"
-        raise argparse.ArgumentTypeError(f"invalid --arch {bad[0]!r}: archs are spelt sm_XY, e.g. sm_{digits}")
+    if bad := [a for a in archs if not re.fullmatch(r"sm_\d{2,3}", a)]:  # else an empty bundle (or table)
+        digits = re.sub(r"\D", "", bad[0])
+        hint = f"did you mean 'sm_{digits}'?" if len(digits) in (2, 3) else "e.g. sm_90"
+        raise argparse.ArgumentTypeError(f"invalid --arch {bad[0]!r}: archs are spelt sm_XY ({hint})")
     return archs
+
+
+def parse_arch(text: str) -> str:
+    """One arch (``ls --arch``), checked as `parse_archs` checks each: a misspelt one would
+    match no entry and list an empty table."""
+    archs = parse_archs(text)
+    if len(archs) != 1:
+        raise argparse.ArgumentTypeError(f"invalid --arch {text!r}: give one arch, e.g. sm_90")
+    return archs[0]
 
 
 #: Keeps the line breaks of an epilog or description as written.
@@ -125,7 +135,7 @@ def _add_inspection_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                                     "tuning records (kernel, arch, key prefix, winner's config and compile "
                                     "key prefix).")
     ls.add_argument("--kernel", help="only this kernel")
-    ls.add_argument("--arch", help="only this arch, e.g. sm_90")
+    ls.add_argument("--arch", type=parse_arch, help="only this arch, e.g. sm_90")
 
     verify = sub.add_parser("verify", parents=[common], help="check every index, blob and entry (exit 1 on problems)",
                             description="Check every index (SQLite integrity), re-hash every blob, check every compile "
@@ -226,7 +236,10 @@ def run_cache_command(args: argparse.Namespace) -> int:
     command = args.cache_command
     path, args.cache_from = cache_dir(args)
     readonly = command in READ_ONLY or (command == "verify" and not args.repair)
+    before = _what_is_there(path) if command == "import" else None
     try:
+        if (check := getattr(args, "check", None)) is not None:  # what the command line alone tells
+            check(args)
         if command in STORELESS:
             result, text, code = oci.run_pull(path, args) if command == "pull" else oci.run_keygen(args)
             print(json.dumps(result, indent=2, sort_keys=True) if args.json else text)
@@ -239,6 +252,8 @@ def run_cache_command(args: argparse.Namespace) -> int:
         with Store(path, readonly=True if readonly else None) as store:
             result, text, code = COMMANDS[command](store, args)
     except (CacheError, OSError) as exc:
+        if before is not None:
+            _remove_new(path, before)
         message = str(exc) if isinstance(exc, CacheError) else f"{exc.strerror or exc}: {exc.filename or path}"
         if args.json:
             print(json.dumps({"error": message}))
@@ -246,6 +261,36 @@ def run_cache_command(args: argparse.Namespace) -> int:
         return 2 if isinstance(exc, CacheError) else 1
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else text)
     return code
+
+
+def _what_is_there(path: Path) -> tuple[Path | None, set[str]] | None:
+    """Before an import where no cache is yet: (the topmost of the directories the import would
+    create, or None where it exists; what it holds). None where a cache is (a refused import
+    writes nothing into a cache)."""
+    if not path.exists():
+        top = path.absolute()
+        while not top.parent.exists():
+            top = top.parent
+        return top, set()
+    if not path.is_dir() or (path / LAYOUT_FILE).exists():
+        return None
+    return None, set(os.listdir(path))
+
+
+def _remove_new(path: Path, before: tuple[Path | None, set[str]]) -> None:
+    """After a refused import, remove the empty cache that opening the store created (and the
+    directories it made): "nothing was imported" leaves nothing."""
+    import shutil
+    created, names = before
+    try:
+        if created is not None:
+            shutil.rmtree(created)
+            return
+        for name in set(os.listdir(path)) - names:
+            target = path / name
+            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    except OSError:  # what cannot be removed stays: the import's own error is what to report
+        pass
 
 
 def _looks_like_cache(path: Path) -> bool:

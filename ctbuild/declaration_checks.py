@@ -196,3 +196,34 @@ def checked_max_splits(value: Any, error: Callable[[str], Exception]) -> int | N
         raise error(f"max_splits must be a whole number from 0 to {MAX_SPLITS} (how many times "
                     f"a Dim bucket may be split), got {value!r}")
     return value
+
+
+def workload_problem(w: Mapping[str, Any], params: Sequence[str], axes: Sequence[str],
+                     kernel_params: Sequence[str]) -> str | None:
+    """Why a workload's names are not the call arguments ``params``: an axis named like a call
+    argument (the call and the config would both give it), most often an axis named unlike
+    its kernel parameter (which turns that parameter into a call argument), or names missing
+    or unknown. None when they match."""
+    names = [*params, *(n for n in w if n not in params)]
+    if clash := [a for a in axes if a in names]:
+        free = [p for p in kernel_params if p not in w and p not in axes]
+        rename = f"after the kernel parameter it sets ({', '.join(free)})" if free else \
+            "after the kernel parameter it sets"
+        return (f"axis {clash[0]!r} has the name of the call argument {clash[0]!r}, so the call "
+                f"and the config would both give it; rename the axis {rename}, or name a hint "
+                f"({', '.join(HINT_NAMES)})")
+    if set(w) == set(params):
+        return None
+    missing = [p for p in params if p not in w]
+    extra = [n for n in w if n not in params]
+    stray = [a for a in axes if a not in kernel_params and a not in HINT_NAMES]
+    if missing and stray and all(p in kernel_params for p in missing):
+        axis = stray[0]
+        return (f"axis {axis!r} matches no kernel parameter{did_you_mean(axis, missing)}, "
+                f"so {', '.join(map(repr, missing))} became call argument(s) the workloads "
+                f"do not give; kernel parameters: {', '.join(kernel_params)}")
+    parts = [f"lacks {', '.join(map(repr, missing))}" if missing else "",
+             f"has unknown {', '.join(repr(n) + did_you_mean(n, missing) for n in extra)}"
+             if extra else ""]
+    return (f"workload {w!r} {' and '.join(p for p in parts if p)}; the call arguments "
+            f"are {', '.join(params)} (the kernel parameters that are not axes, or params=)")

@@ -23,8 +23,8 @@ from .declaration_checks import (
     bucket_problem,
     checked_max_splits,
     default_problem,
-    did_you_mean,
     duplicate_problem,
+    workload_problem,
 )
 from .declared_inputs import declared_check, declared_inputs
 from .device_table import DeviceInfo, wants_device
@@ -209,27 +209,9 @@ class TunedKernel:
 
     # ---- workloads and configs ---------------------------------------------------------
     def _check_workload(self, w: Workload) -> Workload:
-        if set(w) != set(self.params):
-            raise self.error(self._workload_problem(w))
+        if problem := workload_problem(w, self.params, self.axes, self.kernel_params):
+            raise self.error(problem)
         return Workload({p: w[p] for p in self.params})
-
-    def _workload_problem(self, w: Workload) -> str:
-        """Why a workload's names differ from the call arguments; most often an axis named
-        unlike its kernel parameter, which turns that parameter into a call argument."""
-        missing = [p for p in self.params if p not in w]
-        extra = [n for n in w if n not in self.params]
-        stray = [a for a in self.axes if a not in self.kernel_params and a not in HINT_NAMES]
-        if missing and stray and all(p in self.kernel_params for p in missing):
-            axis = stray[0]
-            return (f"axis {axis!r} matches no kernel parameter{did_you_mean(axis, missing)}, "
-                    f"so {', '.join(map(repr, missing))} became call argument(s) the workloads "
-                    f"do not give; kernel parameters: {', '.join(self.kernel_params)}")
-        parts = [f"lacks {', '.join(map(repr, missing))}" if missing else "",
-                 f"has unknown {', '.join(repr(n) + did_you_mean(n, missing) for n in extra)}"
-                 if extra else ""]
-        return (f"workload {w!r} {' and '.join(p for p in parts if p)}; the call arguments "
-                f"are {', '.join(self.params)} (the kernel parameters that are not axes, or "
-                "params=)")
 
     def bind(self, *args: Any, **kwargs: Any) -> Workload:
         """Name the call arguments: ``matmul(a, b, c)`` -> ``Workload(A=a, B=b, C=c)``."""

@@ -12,6 +12,7 @@ nominal SM count that differs from the serving GPU's changes nothing that is bui
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
 from .arch import Arch
@@ -48,6 +49,29 @@ def nominal_device(arch: str, overrides: Mapping[str, Mapping[str, Any]] | None 
     name, sms = NOMINAL.get(str(arch), (f"nominal {arch}", 1))
     return DeviceInfo(str(entry.get("name", name)), str(arch), int(entry.get("sm_count", sms)),
                       nominal=True)
+
+
+def explain_device(arch: str, gpu: str | None, near: Path | None) -> tuple[DeviceInfo, str]:
+    """The device a ``grid(cfg, w, dev)`` sees when `explain` is asked about an arch with no
+    GPU at hand, and where its SM count comes from: the project's ``[devices]`` entry (the
+    config found from ``near``, the kernel's folder, as the runtime finds its cache), as the
+    plan sees it; named ``gpu`` where given, with the SM count of the entry or nominal SKU of
+    that name. A grid sized by the SMs is then the one that GPU would launch."""
+    from .settings import config_table, project_config
+    file, _ = project_config(near=near)
+    devices = parse_devices(config_table(file).get("devices", {}), str(file)) \
+        if file is not None and file.is_file() else {}
+    dev = nominal_device(arch, devices)
+    origin = f"[devices] {arch} in {file}" if arch in devices else f"the nominal {arch} GPU"
+    if gpu is None or gpu == dev.name:
+        return dev, f"{dev.name}, {dev.sm_count} SMs ({origin})"
+    known = {name: sms for name, sms in NOMINAL.values()}
+    if gpu in known:
+        return (DeviceInfo(gpu, arch, known[gpu], nominal=True),
+                f"{gpu}, {known[gpu]} SMs (ctbuild's table)")
+    return (dev._replace(name=gpu), f"{gpu}, {dev.sm_count} SMs: its SM count is unknown, "
+            f"so that of {origin}; give it in ctbuild.toml: [devices] {arch} = "
+            f"{{ name = \"{gpu}\", sm_count = N }}")
 
 
 def parse_devices(table: Mapping[str, Any], where: str) -> dict[str, dict[str, Any]]:

@@ -84,6 +84,21 @@ class Dim:
     def __repr__(self) -> str:
         return f"Dim({self.name!r}, {self.lo}, {self.hi})"
 
+    def source(self) -> str:
+        """Python that makes this Dim again, ``buckets=`` included where they are not the
+        default: what a fix to paste and a message telling two Dims apart must show (the
+        short `repr` drops them, and a pasted Dim without them tunes other buckets)."""
+        default = Dim(self.name, self.lo, self.hi).buckets
+        extra = "" if self.buckets == default else f", buckets={self.buckets}"
+        return f"Dim({self.name!r}, {self.lo}, {self.hi}{extra})"
+
+    def widened(self, size: int) -> Dim:
+        """This Dim with its range grown to hold ``size``; declared buckets are kept (the new
+        bound becomes the last one), default ones stay the default of the new range."""
+        lo, hi = min(self.lo, size), max(self.hi, size)
+        custom = self.buckets != Dim(self.name, self.lo, self.hi).buckets
+        return Dim(self.name, lo, hi, self.buckets if custom else None)
+
 
 def is_dynamic_tensor(value: Any) -> bool:
     return isinstance(value, Tensor) and any(isinstance(d, Dim) for d in value.shape)
@@ -97,8 +112,10 @@ def dims_of(w: Mapping[str, Any]) -> dict[str, Dim]:
             for d in value.shape:
                 if isinstance(d, Dim):
                     if d.name in out and out[d.name] != d:
-                        raise ValueError(f"Dim {d.name!r} is declared with two ranges: "
-                                         f"{out[d.name]!r} and {d!r}")
+                        raise ValueError(f"Dim {d.name!r} is declared twice, differently: "
+                                         f"{out[d.name].source()} and {d.source()}; declare "
+                                         f"it once ({d.name} = Dim(...)) and use that in "
+                                         "every tensor")
                     out[d.name] = d
     return out
 

@@ -10,6 +10,7 @@ silent default config.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -26,8 +27,8 @@ class Gap:
     kind: str       # one of KINDS
     arg: str        # the call argument
     text: str       # e.g. "X: dtype float16, declared float32"
-    dim: Dim | None = None   # for "range": the Dim the size is outside of
-    size: int = 0            # for "range": the call's size
+    dim: Dim | None = None   # for "range": the Dim the size is outside of; for "size": the
+    size: int = 0            # Dim the call gives two sizes. The call's size
 
 
 def _scalar_type(value: Any) -> str:
@@ -39,12 +40,14 @@ def _scalar_type(value: Any) -> str:
 
 
 def _tensor_gaps(name: str, d: Tensor, v: Tensor, sizes: dict[str, int]) -> list[Gap]:
-    """What the call's tensor ``v`` has that the declared ``d`` does not."""
-    if v.dtype != d.dtype:
-        return [Gap("dtype", name, f"{name}: dtype {v.dtype}, declared {d.dtype}")]
-    if v.ndim != d.ndim:
-        return [Gap("rank", name, f"{name}: rank {v.ndim} {v.shape}, declared rank {d.ndim}")]
+    """What the call's tensor ``v`` has that the declared ``d`` does not (a dtype and the
+    sizes both: a fix covering only the dtype would leave a size beyond a Dim missed)."""
     gaps = []
+    if v.dtype != d.dtype:
+        gaps.append(Gap("dtype", name, f"{name}: dtype {v.dtype}, declared {d.dtype}"))
+    if v.ndim != d.ndim:
+        return gaps + [Gap("rank", name, f"{name}: rank {v.ndim} {v.shape}, declared rank "
+                           f"{d.ndim}")]
     for i, (want, n) in enumerate(zip(d.shape, v.shape)):
         if isinstance(want, Dim):
             if not want.lo <= n <= want.hi:
@@ -53,7 +56,8 @@ def _tensor_gaps(name: str, d: Tensor, v: Tensor, sizes: dict[str, int]) -> list
                                 f"[{want.lo}, {want.hi}] of {want!r}", want, n))
             elif sizes.setdefault(want.name, n) != n:
                 gaps.append(Gap("size", name, f"{name} dim {i}: size {n}, but Dim "
-                                f"{want.name!r} is {sizes[want.name]} in another argument"))
+                                f"{want.name!r} is {sizes[want.name]} in another argument",
+                                want, n))
         elif want != n:
             gaps.append(Gap("size", name, f"{name} dim {i}: size {n}, declared {want}"))
     declared_strides = d.strides or contiguous_strides(v.shape)
@@ -114,61 +118,115 @@ def beyond_range(dynamic: Sequence[Workload], call: Mapping[str, Any],
     return None
 
 
-def _source(value: Any) -> str:
-    """Python source for one declared argument (what a user pastes into workloads=[...])."""
+def dim_names(module: str) -> dict[Dim, str]:
+    """The module-level names of the `Dim` s a module declares (``ROWS = Dim(...)``): a fix
+    pasted into that module names them, as its own workloads do."""
+    found = getattr(sys.modules.get(module), "__dict__", {})
+    return {v: k for k, v in found.items() if isinstance(v, Dim) and not k.startswith("_")}
+
+
+def _source(value: Any, names: Mapping[Dim, str]) -> str:
+    """Python source for one declared argument (what a user pastes into workloads=[...]): a
+    `Dim` by its module-level name, else in full with its buckets, so the pasted workload
+    tunes the declaration's buckets."""
     if isinstance(value, Tensor):
         extra = "" if value.strides is None or value.strides == contiguous_strides(value.shape) \
             else f", strides={value.strides}"
         extra += "" if value.align == 256 else f", align={value.align}"
-        shape = "(" + ", ".join(map(repr, value.shape)) + (",)" if value.ndim == 1 else ")")
+        sizes = [names.get(d) or d.source() if isinstance(d, Dim) else repr(d)
+                 for d in value.shape]
+        shape = "(" + ", ".join(sizes) + (",)" if value.ndim == 1 else ")")
         return f"Tensor({shape}, {value.dtype!r}{extra})"
     return repr(value)
 
 
-def _covering(declared: Any, value: Any, kinds: set[str]) -> Any:
-    """The declared argument changed to cover the call's: only the dtype where only that
-    differs (a Dim stays a Dim), else the call's own spec."""
-    if kinds == {"dtype"} and isinstance(declared, Tensor) and isinstance(value, Tensor):
-        return Tensor(declared.shape, value.dtype, declared.strides, declared.align)
-    return value
+def _fixed_dims(declared: Workload, found: list[Gap]) -> set[str]:
+    """The Dims a covering workload cannot keep: those of a tensor that must be declared as
+    the call's very view (a rank, a non-tensor or strides no `Dim` tensor has), and those the
+    call gives two sizes. Their sizes become the call's, in every tensor."""
+    fixed = {g.dim.name for g in found if g.kind == "size" and g.dim is not None}
+    concrete = {g.arg for g in found if g.kind in ("rank", "argument")
+                or (g.kind == "layout" and "strides" in g.text)}
+    for name in concrete:
+        value = declared[name]
+        if isinstance(value, Tensor):
+            fixed |= {d.name for d in value.shape if isinstance(d, Dim)}
+    return fixed
 
 
-def covering_edit(declared: Workload, call: Mapping[str, Any], found: list[Gap]) -> str:
-    """The edit to ``workloads=[...]`` that covers the call: widen a Dim, or add a workload."""
+def _covering_tensor(d: Tensor, v: Tensor, fixed: set[str], widened: dict[str, Dim],
+                     kinds: set[str]) -> Tensor:
+    """The declared tensor changed as little as covers the call's: its Dims kept (widened
+    where the call's size is outside them; the call's size where `_fixed_dims` says), its
+    other sizes, dtype and alignment the call's."""
+    shape: tuple[Any, ...] = tuple(  # sizes and Dims (a `Tensor` shape holds both)
+        (widened.get(want.name, want) if want.name not in fixed else n)
+        if isinstance(want, Dim) else n for want, n in zip(d.shape, v.shape))
+    align = v.align if "layout" in kinds else d.align
+    if any(isinstance(n, Dim) for n in shape):
+        return Tensor(shape, v.dtype, None, align)
+    return Tensor(shape, v.dtype, d.strides if not kinds else v.strides, align)
+
+
+def covering_workload(declared: Workload, call: Mapping[str, Any], found: list[Gap]
+                      ) -> dict[str, Any]:
+    """The workload to add so that the call is covered: ``declared`` with only what the call
+    differs in changed, its Dims and their buckets kept, so pasting it adds the buckets of one
+    declaration (not one per size of a Dim that lost its buckets or its tensors)."""
+    kinds: dict[str, set[str]] = {}
+    for g in found:
+        kinds.setdefault(g.arg, set()).add(g.kind)
+    fixed = _fixed_dims(declared, found)
+    widened = {g.dim.name: g.dim.widened(g.size) for g in found
+               if g.kind == "range" and g.dim is not None}
+    out: dict[str, Any] = {}
+    for name, d in declared.items():
+        v = call.get(name, d)
+        if isinstance(d, Tensor) and isinstance(v, Tensor) and d.ndim == v.ndim:
+            out[name] = _covering_tensor(d, v, fixed, widened, kinds.get(name, set()))
+        else:
+            out[name] = v if name in kinds else d
+    return out
+
+
+def covering_edit(declared: Workload, call: Mapping[str, Any], found: list[Gap],
+                  names: Mapping[Dim, str] | None = None) -> str:
+    """The edit to ``workloads=[...]`` that covers the call: widen a Dim, or add a workload
+    (its Dims by their ``names`` in the declaring module, `dim_names`)."""
+    names = names or {}
     if found and all(g.kind == "range" for g in found):
         widened = {}
         for g in found:
             assert g.dim is not None
-            lo, hi = min(g.dim.lo, g.size), max(g.dim.hi, g.size)
-            widened[g.dim] = f"Dim({g.dim.name!r}, {lo}, {hi})"
-        return "; ".join(f"widen {d!r} to {new} in workloads=[...]" for d, new in widened.items())
-    kinds: dict[str, set[str]] = {}
-    for g in found:
-        kinds.setdefault(g.arg, set()).add(g.kind)
-    suggested = {name: _covering(value, call[name], kinds[name]) if name in kinds else value
-                 for name, value in declared.items()}
-    text = "{" + ", ".join(f"{name!r}: {_source(v)}" for name, v in suggested.items()) + "}"
+            widened[g.dim] = g.dim.widened(g.size).source()
+        return "; ".join(f"widen {names.get(d) or d.source()} to {new} in workloads=[...]"
+                         for d, new in widened.items())
+    suggested = covering_workload(declared, call, found)
+    text = "{" + ", ".join(f"{name!r}: {_source(v, names)}"
+                           for name, v in suggested.items()) + "}"
     return f"add {text} to workloads=[...]"
 
 
 def explain_gaps(declared: Sequence[Workload], call: Mapping[str, Any],
                  constants: frozenset[str], *, cubin_miss: bool, arch: str,
-                 cache_problem: str | None = None) -> dict[str, Any]:
+                 cache_problem: tuple[str, str] | None = None,
+                 names: Mapping[Dim, str] | None = None) -> dict[str, Any]:
     """``why``, ``nearest`` and ``fix`` for `explain`: what no declaration has, the nearest
     declared workload, and the edit (or, for a declared call, the command) that covers it.
-    ``cache_problem`` (a cache that can serve nothing) comes first, with its own fix."""
-    out = _gaps_and_edit(declared, call, constants, cubin_miss=cubin_miss, arch=arch)
+    ``cache_problem`` (a cache that can serve nothing, and what to do) comes first, and is
+    the fix of a declared call; ``names``: `dim_names` of the declaring module."""
+    out = _gaps_and_edit(declared, call, constants, cubin_miss=cubin_miss, arch=arch,
+                         names=names or {})
     if cache_problem is not None:
-        out["why"].insert(0, cache_problem)
+        out["why"].insert(0, cache_problem[0])
         if out["why"][1:2] == ["declared, but no CUBIN for it is in this cache"]:
-            out["fix"] = ("point CTBUILD_CACHE_DIR (or cache_dir in ctbuild.toml) at the cache "
-                          "`ctbuild precompile` built")
+            out["fix"] = cache_problem[1]
     return out
 
 
 def _gaps_and_edit(declared: Sequence[Workload], call: Mapping[str, Any],
-                   constants: frozenset[str], *, cubin_miss: bool, arch: str
-                   ) -> dict[str, Any]:
+                   constants: frozenset[str], *, cubin_miss: bool, arch: str,
+                   names: Mapping[Dim, str]) -> dict[str, Any]:
     found = nearest(declared, call, constants)
     if found is None:
         return {"why": ["the kernel declares no workloads"], "nearest": None,
@@ -182,4 +240,4 @@ def _gaps_and_edit(declared: Sequence[Workload], call: Mapping[str, Any],
                       "ctbuild tune --config ctbuild.toml on this GPU, into this cache"))
         return {"why": [what], "nearest": repr(w), "fix": fix}
     return {"why": [g.text for g in missing], "nearest": repr(w),
-            "fix": covering_edit(w, call, missing)}
+            "fix": covering_edit(w, call, missing, names)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: The cache directory when nothing else names one (relative to the current directory).
 DEFAULT_CACHE_DIR = ".ctbuild-cache"
@@ -142,9 +143,10 @@ def project_config(given: str | os.PathLike[str] | None = None, *, near: Path | 
     return find_config(*starts), "found"
 
 
-def config_cache_dir(file: Path) -> str | None:
-    """The ``cache_dir`` a config file sets (None: it sets none). tomllib is imported here,
-    where a file is read, not with this module (10 ms the runtime need not pay)."""
+def config_table(file: Path) -> dict[str, Any]:
+    """The ctbuild settings of a config file (a pyproject.toml's ``[tool.ctbuild]``). tomllib
+    is imported here, where a file is read, not with this module (10 ms the runtime need not
+    pay)."""
     import tomllib
     try:
         data = tomllib.loads(file.read_text())
@@ -152,7 +154,12 @@ def config_cache_dir(file: Path) -> str | None:
         raise SettingsError(f"{file}: not a readable TOML file ({exc}); fix it or point "
                             f"{CONFIG_ENV} elsewhere") from None
     table = data.get("tool", {}).get("ctbuild", {}) if file.name == "pyproject.toml" else data
-    value = table.get("cache_dir") if isinstance(table, dict) else None
+    return table if isinstance(table, dict) else {}
+
+
+def config_cache_dir(file: Path) -> str | None:
+    """The ``cache_dir`` a config file sets (None: it sets none)."""
+    value = config_table(file).get("cache_dir")
     return value if isinstance(value, str) and value else None
 
 

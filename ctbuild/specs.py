@@ -8,6 +8,7 @@ time and on real tensors at run time.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence, cast
 
@@ -43,6 +44,18 @@ def _is_dim(value: Any) -> bool:
     return getattr(value, "_ctbuild_dim", False) is True
 
 
+def _whole(value: Any, what: str, within: Any) -> int:
+    """A size or stride as an int (numpy's too); a float, bool or string is a mistake that
+    ``int()`` would hide (1024.5 became 1024: a workload no call has)."""
+    try:
+        if isinstance(value, (bool, float, str, bytes)):
+            raise TypeError
+        return int(operator.index(value))
+    except TypeError:
+        raise ValueError(f"Tensor {what} {value!r} in {tuple(within)!r} is not a whole number; "
+                         f"give an int (or a ctbuild.Dim)") from None
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """C-order strides, in elements, as torch gives a fresh tensor (size-1 dims included)."""
     strides, acc = [], 1
@@ -65,7 +78,7 @@ class Tensor:
     align: int = 256
 
     def __post_init__(self) -> None:
-        shape = tuple(d if _is_dim(d) else int(d) for d in self.shape)
+        shape = tuple(d if _is_dim(d) else _whole(d, "size", self.shape) for d in self.shape)
         if any(not _is_dim(d) and d < 0 for d in shape):
             raise ValueError(f"Tensor shape {shape} has a negative dimension")
         object.__setattr__(self, "shape", shape)
@@ -79,7 +92,7 @@ class Tensor:
                                  "cannot be given (declare such views as fixed shapes)")
             return
         strides = contiguous_strides(shape) if self.strides is None else tuple(
-            int(s) for s in self.strides)
+            _whole(s, "stride", self.strides) for s in self.strides)
         if len(strides) != len(shape):
             raise ValueError(f"Tensor strides {strides} do not match shape {shape}")
         object.__setattr__(self, "strides", strides)

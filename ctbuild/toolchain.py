@@ -283,6 +283,31 @@ def select_recorded(profiles: dict[str, dict[str, Any]]) -> str | None:
     return max(matching, key=lambda fp: str(matching[fp].get("created", "")))
 
 
+def recorded_mismatch(profiles: dict[str, dict[str, Any]]) -> tuple[str, str]:
+    """(why, what to do) when `select_recorded` finds no profile for this process: the
+    cuda-tile versions the cache was built with (each serves only its own), else the
+    key-relevant env vars that differ. A cache that is the right one but of another version
+    is fixed by the version, not by pointing elsewhere."""
+    version = cutile_version()
+    if not profiles:
+        return ("records no toolchain (no build finished into it)",
+                "build it: ctbuild precompile --config ctbuild.toml --cache DIR")
+    built = sorted({str(p.get("cuda_tile")) for p in profiles.values()})
+    if version not in built:
+        return (f"was built with cuda-tile {', '.join(built)}, but this process has cuda-tile "
+                f"{version}", f"serve with the build's version (pip install "
+                f"'cuda-tile=={built[-1]}'), or rebuild this cache under {version} "
+                "(ctbuild precompile)")
+    here = key_env()
+    there = next(dict(p.get("env", {})) for p in profiles.values()
+                 if p.get("cuda_tile") == version)
+    diff = ", ".join(f"{k}={there.get(k, 'unset')} at build, {here.get(k, 'unset')} here"
+                     for k in sorted(set(here) | set(there)) if here.get(k) != there.get(k))
+    return (f"was built with other key-relevant env vars ({diff})",
+            "serve with the build's values of them, or rebuild this cache in this env "
+            "(ctbuild precompile)")
+
+
 def toolchain_for(store: Store) -> str:
     """The toolchain to tune or build against for a cache: the one its entries were built with
     (`select_recorded`), else the local compiler's (probed; `ToolchainError` without one)."""

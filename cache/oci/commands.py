@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from ..bundle_limits import ImportLimits
 from ..errors import CacheError
 from ..signing import keygen, load_key
 from . import DEFAULT_READ_TIMEOUT_S, DEFAULT_TIMEOUT_S
-from .reference import parse_layout_name, parse_reference
+from .reference import Reference, parse_layout_name, parse_reference
 
 USER_ENV, PASSWORD_ENV = "CTBUILD_REGISTRY_USER", "CTBUILD_REGISTRY_PASSWORD"
 
@@ -27,7 +28,7 @@ PUSH_EPILOG = f"""\
 examples:
   ctbuild cache push --cache /cache localhost:5000/kernels:h100
   ctbuild cache push --arch sm_90 --sign ci.pem --sequence 7 registry.example.com/team/kernels:v7
-  ctbuild cache push --layout ./oci kernels:v7          an OCI image layout on disk, no registry
+  ctbuild cache push --layout ./oci v7          an OCI image layout on disk (REF: a tag), no registry
 
 The image is one layer (the cache bundle, tar+gzip) with cache.ctbuild.image/* and io.kserve.km/*
 labels; see docs/deployment.md. Credentials: ${USER_ENV} and ${PASSWORD_ENV} (basic, or
@@ -37,7 +38,7 @@ PULL_EPILOG = """\
 examples:
   ctbuild cache pull localhost:5000/kernels:h100 --cache /cache
   ctbuild cache pull registry.example.com/team/kernels@sha256:... --require-signature --key ci.pub.pem
-  ctbuild cache pull kernels:v7 --layout ./oci --arch sm_90 --cache /cache
+  ctbuild cache pull v7 --layout ./oci --arch sm_90 --cache /cache
 
 Before anything is written: the manifest and config digests, media types, the signature (with
 --require-signature, before any other blob is fetched), the arch (this GPU's exact sm, or --arch
@@ -67,6 +68,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, parse_archs: Any, par
                           description="Push the cache (or the entries of --arch) as a one-layer OCI image, "
                                       "optionally signed with an Ed25519 key.")
     push.add_argument("ref", metavar="REF", help="image reference, e.g. localhost:5000/kernels:v1")
+    push.set_defaults(check=partial(check_ref, push=True))
     push.add_argument("--arch", type=parse_archs, metavar="ARCHS", help="only these archs, comma-separated")
     add_signing_args(push, "sign the image's manifest digest with this Ed25519 private key (`ctbuild cache keygen`); "
                            "the signature is attached as an OCI referrer")
@@ -76,6 +78,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, parse_archs: Any, par
                           description="Pull a cache image pushed by `ctbuild cache push`, check it and merge it into "
                                       "the cache; nothing is written unless every check passes.")
     pull.add_argument("ref", metavar="REF", help="image reference (tag or @sha256:DIGEST)")
+    pull.set_defaults(check=partial(check_ref, push=False))
     pull.add_argument("--arch", metavar="SM", help="the GPU arch to pull for where no GPU is visible, e.g. sm_90")
     pull.add_argument("--require-signature", action="store_true",
                       help="refuse the image unless a signature made with --key's private key is attached")
@@ -134,22 +137,32 @@ def signing_options(args: argparse.Namespace) -> dict[str, Any]:
             "expires": None if args.expires_in is None else round(time.time() + args.expires_in)}
 
 
+def check_ref(args: argparse.Namespace, *, push: bool) -> tuple[Reference | None, str]:
+    """REF read as --layout says: (the registry reference, None in a layout; the name to push
+    or pull). Reads, creates and connects nothing: the parsers' ``check``, run before anything
+    else (and by the docs test on every example)."""
+    if args.layout is not None:
+        tag, digest = parse_layout_name(args.ref)
+        ref, name = None, digest or tag or "latest"
+    else:
+        ref = parse_reference(args.ref)
+        digest, name = ref.digest, ref.name
+    if push and digest:
+        raise CacheError(f"push takes a tag, not a digest ({args.ref}): the digest is the result")
+    return ref, name
+
+
 def target_of(args: argparse.Namespace, *, push: bool) -> tuple[Any, str]:
     """The registry or layout and the name inside it that REF gives."""
-    if args.layout is not None:
+    ref, name = check_ref(args, push=push)
+    if ref is None:
         from .layout import Layout
 
-        tag, digest = parse_layout_name(args.ref)
-        if push and digest:
-            raise CacheError(f"push takes a tag, not a digest ({args.ref}): the digest is the result")
-        return Layout(args.layout, create=push), digest or tag or "latest"
+        return Layout(args.layout, create=push), name
     from .registry import Registry
 
-    ref = parse_reference(args.ref)
-    if push and ref.digest:
-        raise CacheError(f"push takes a tag, not a digest ({args.ref}): the digest is the result")
     return Registry(ref, plain_http=args.plain_http, push=push, timeout_s=args.timeout,
-                    read_timeout_s=args.read_timeout), ref.name
+                    read_timeout_s=args.read_timeout), name
 
 
 def time_limits(target: Any) -> AbstractContextManager[Any]:

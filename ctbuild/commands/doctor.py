@@ -14,6 +14,7 @@ from ..toolchain import (
     cutile_version,
     find_tileiras,
     probe,
+    recorded_mismatch,
     select_recorded,
     stripped_env_vars,
 )
@@ -39,6 +40,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--config", metavar="PATH", help="config file whose cache_dir to check (default: $CTBUILD_CONFIG, "
                    "else the ctbuild.toml found upward from the current directory)")
     p.add_argument("--cache", metavar="DIR", help="cache directory to check")
+    p.add_argument("--module", metavar="MODULE",
+                   help="a kernel module the service imports (e.g. demo_kernels.matmul): the "
+                        "ctbuild.toml found upward from its folder chooses the cache, as it "
+                        "does for the service")
     p.add_argument("--serving", action="store_true",
                    help="check a serving node (precompiled kernels only, no tileiras needed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -66,8 +71,28 @@ def _hot_path() -> str:
 
 def _cache_dir(args: argparse.Namespace) -> settings.CacheChoice:
     """The cache to check, chosen as every command and the runtime choose it
-    (`settings.choose_cache`: --cache, CTBUILD_CACHE_DIR, the config's cache_dir, default)."""
-    return settings.choose_cache(args.cache, config=args.config)
+    (`settings.choose_cache`: --cache, CTBUILD_CACHE_DIR, the config's cache_dir, default);
+    with --module, the config is looked for upward from that module's folder first, as a
+    serving process looks from its first kernel's."""
+    near = _module_folder(args.module) if args.module else None
+    return settings.choose_cache(args.cache, config=args.config, near=near)
+
+
+def _module_folder(name: str) -> Path:
+    """The folder of a module's file, found on sys.path and the current directory without
+    running the module (its packages are imported, as any import of it would)."""
+    import importlib.util
+    import sys
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        raise settings.SettingsError(f"--module {name}: no such module here; run doctor with "
+                                     "the service's PYTHONPATH, or pass --config")
+    return Path(spec.origin).parent
 
 
 def _writable(path: Path) -> tuple[bool, str]:
@@ -102,7 +127,11 @@ def _serving_problems(cache: Path, report: dict[str, Any]) -> list[str]:
     if not report["gpu"]["visible"]:
         problems.append("no GPU visible: the runtime launches on CUDA devices")
     if not cache.is_dir():
-        return problems + [f"no cache at {cache}: mount it and set {settings.CACHE_DIR_ENV}"]
+        hint = "" if not report["cache"]["from"].startswith("the default") else (
+            "; a service also finds its ctbuild.toml upward from its kernels' folder: pass "
+            "--module KERNEL_MODULE to check the cache that one names")
+        return problems + [f"no cache at {cache}: mount it and set {settings.CACHE_DIR_ENV}"
+                           f"{hint}"]
     from ctbuild.cache import CacheError, Store
     try:
         with Store(cache) as store:
@@ -111,9 +140,10 @@ def _serving_problems(cache: Path, report: dict[str, Any]) -> list[str]:
         return problems + [f"cache {cache}: {exc}"]
     chosen = select_recorded(profiles)
     report["cache"]["toolchain"] = chosen
+    report["cache"]["built_with"] = sorted({str(p.get("cuda_tile")) for p in profiles.values()})
     if chosen is None:
-        problems.append(f"cache {cache} records no toolchain for cuda-tile {cutile_version()} "
-                        "and this env: rebuild it with this cuda-tile (ctbuild precompile)")
+        why, fix = recorded_mismatch(profiles)
+        problems.append(f"cache {cache} {why}: {fix}")
     return problems
 
 

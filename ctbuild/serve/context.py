@@ -73,14 +73,19 @@ class RuntimeContext:
         return f"{self.cache_dir} ({self.cache_from})"
 
     @property
-    def cache_problem(self) -> str | None:
-        """Why this context's cache can serve nothing (None: it can serve)."""
+    def cache_problem(self) -> tuple[str, str] | None:
+        """Why this context's cache can serve nothing, and what to do (None: it can serve)."""
         if self.toolchain_fp is not None:
             return None
         if self.store is None:
-            return f"no usable cache at {self.cache}"
-        return (f"the cache {self.cache} records no toolchain for this cuda-tile and env: it "
-                "can serve nothing")
+            return (f"no usable cache at {self.cache}", f"point {CACHE_DIR_ENV} (or cache_dir "
+                    "in ctbuild.toml) at the cache `ctbuild precompile` built")
+        from ..toolchain import ToolchainError, recorded_mismatch
+        try:
+            why, fix = recorded_mismatch(self.store.toolchains())
+        except ToolchainError as exc:
+            return f"the cache {self.cache} cannot be matched to this env: {exc}", str(exc)
+        return f"the cache {self.cache} {why}: it can serve nothing here", fix
 
     def _open_store(self) -> KernelStore | None:
         """The cache: read directly (`cache_reader`) unless this mode tunes online (it writes
@@ -123,8 +128,10 @@ class RuntimeContext:
             serve_without_toolchain(self.mode, exc, self.cache_dir)
             return None
         if fp is None:
-            log.warning("ctbuild: the cache at %s records no toolchain for this cuda-tile "
-                        "version and env: no CUBIN can be served from it", self.cache_dir)
+            from ..toolchain import recorded_mismatch
+            why, fix = recorded_mismatch(self.store.toolchains())
+            log.warning("ctbuild: the cache at %s %s: no CUBIN can be served from it; %s",
+                        self.cache_dir, why, fix)
         return fp
 
     @property

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import cuda.tile as ct
 
 from ..cutile import load_module
+from ..device_table import explain_device
 from . import provenance
 from .context import RuntimeContext, configure, context, reset, stats
 from .declaration_reads import KEY_LEVELS
@@ -36,7 +37,7 @@ from .errors import KernelCallError, reraise_named
 from .hot_path import c_forms, python_forms
 from .layout_guard import guard_plan, new_table
 from .ledger import LEDGER
-from .live_args import make_key_fn
+from .live_args import device_of, make_key_fn
 from .miss_policy import CacheMissError, RuntimeConfigError
 from .preload import preload, preloading
 from .resolve import Resolved, Resolver, explanation
@@ -320,17 +321,26 @@ class KernelRuntime:
     def explain(self, args: tuple, kwargs: dict | None = None, *, arch: str | None = None,
                 gpu: str | None = None) -> dict[str, Any]:
         """`TunedKernel.explain`: what `resolve` decides for a call, as a dict, launching
-        nothing, counting and recording nothing."""
+        nothing, counting and recording nothing. Without ``arch`` the call's CUDA tensors
+        tell the GPU; with neither, it says to pass ``arch=`` (a CPU machine, `Tensor` specs)."""
+        if arch is None and not any(_on_gpu(v) for v in (*args, *(kwargs or {}).values())):
+            raise KernelCallError(
+                f"kernel {self.name!r}: no CUDA tensor tells which GPU to explain for; pass "
+                f"arch= (and gpu=, the GPU name the records were tuned on), e.g. "
+                f"{self.name}.explain(..., arch='sm_90')")
         res = self.resolver.resolve(args, kwargs, arch=arch, gpu=gpu, dry=True)
         out = explanation(res, self.name, self.ctx.mode)
         out["cache"] = self.ctx.cache
+        if arch is not None and self.tuned._wants_device:
+            out["grid_device"] = explain_device(res.arch, gpu, self.tuned.folder)[1]
         if res.cubin_class == "miss" or res.config_from == "default":
-            from ..miss_reasons import explain_gaps
+            from ..miss_reasons import dim_names, explain_gaps
             assert res.spec is not None
             out.update(explain_gaps(self.tuned.declared_workloads, res.spec,
                                     self.tuned.constant_args(res.workload),
                                     cubin_miss=res.cubin_class == "miss", arch=res.arch,
-                                    cache_problem=self.ctx.cache_problem))
+                                    cache_problem=self.ctx.cache_problem,
+                                    names=dim_names(self.tuned.module)))
         return out
 
     def served_kernel(self, cfg: Config) -> ServedKernel:
@@ -341,6 +351,12 @@ class KernelRuntime:
         return provenance.summary(self.name, self.ctx.mode, list(self._entries),
                                   self.ctx.misses.total(self.name), self.resolver.kernel_objects(),
                                   self._keys, self._retired)
+
+
+def _on_gpu(value: Any) -> bool:
+    """Whether a call argument is a CUDA tensor (its device can tell the arch)."""
+    device = device_of(value)
+    return device is not None and device >= 0
 
 
 def _kernel_args(tuned: TunedKernel, cfg: Config, args: tuple) -> tuple:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..arch import Arch
 from ..bucket_map import BucketMapError, Split, read_splits, split_for, why
-from ..device_table import DeviceInfo, cuda_device, nominal_device
+from ..device_table import DeviceInfo, cuda_device, explain_device
 from ..dims import Bucket, find_bucket, match
 from ..keys import record_key_for
 from ..miss_reasons import beyond_range
@@ -274,14 +274,16 @@ class Resolver:
     def _target(self, w: Workload, arch: str | None, gpu: str | None, device: int
                 ) -> tuple[int, str, str, DeviceInfo | None]:
         """(device, arch, GPU name, device facts for the grid) of a call: its tensors' GPU, or
-        the ``arch`` (and ``gpu``) `explain` was asked about, with nominal facts."""
+        the ``arch`` (and ``gpu``) `explain` was asked about, with the facts the project's
+        ``[devices]`` (or the nominal table) gives that GPU."""
         if arch is None:
             device = self._device_for(w)
             arch, dev_gpu = self.ctx.device_info(device)
             gpu = gpu or dev_gpu
             dev = self._device_facts(device) if self.tuned._wants_device else None
         else:
-            dev = nominal_device(str(Arch(arch))) if self.tuned._wants_device else None
+            dev = explain_device(str(Arch(arch)), gpu, self.tuned.folder)[0] \
+                if self.tuned._wants_device else None
         return device, str(Arch(arch)), gpu or "unknown GPU", dev
 
     def _cover(self, cfg: Config, spec_w: Workload, arch: str

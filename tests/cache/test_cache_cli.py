@@ -115,6 +115,28 @@ def test_bad_input_exits_2_with_a_message(cache, tmp_path):
     assert code == 2 and "invalid choice" in stderr
 
 
+def test_a_refused_import_leaves_nothing_behind(tmp_path):
+    """"nothing was imported" is true of the disk: no empty cache where there was none, nor
+    in an empty directory (a fresh volume) it was pointed at; the message is one line."""
+    (tmp_path / "bad.tgz").write_bytes(b"junk")
+    code, _, stderr = cli("import", str(tmp_path / "bad.tgz"), "--cache", str(tmp_path / "a" / "new"))
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "not a readable tar bundle (neither tar nor tar.gz, .bz2 or .xz); nothing was imported" in stderr
+    assert not (tmp_path / "a").exists()
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "README").write_text("mine")
+    code, _, _ = cli("import", str(tmp_path / "bad.tgz"), "--cache", str(volume))
+    assert code == 2 and sorted(os.listdir(volume)) == ["README"]
+
+
+def test_ls_refuses_a_misspelt_arch(cache):
+    code, out, stderr = cli("ls", "--cache", str(cache), "--arch", "sm90")
+    assert code == 2 and not out and "invalid --arch 'sm90': archs are spelt sm_XY (did you mean 'sm_90'?)" in stderr
+    code, out, _ = cli("ls", "--cache", str(cache), "--arch", "sm_90", "--json")
+    assert code == 0 and {e["arch"] for e in out["compile"]} == {"sm_90"}
+
+
 def test_help_teaches_with_examples():
     code, text, _ = cli("--help")
     assert code == 0 and "examples:" in text and "ctbuild cache gc --size-limit 2G" in text

@@ -87,7 +87,11 @@ def test_serving_mode_checks_the_cache_toolchain(tmp_path: Path) -> None:
     with Store(cache) as store:
         store.put_toolchain("old", {**probe().profile, "cuda_tile": OTHER_CUTILE})
     report = json.loads(run_cli("doctor", "--serving", "--json", "--cache", str(cache)).stdout)
-    assert any(f"records no toolchain for cuda-tile {CUTILE}" in p for p in report["problems"])
+    assert report["cache"]["built_with"] == [OTHER_CUTILE]
+    assert any(f"was built with cuda-tile {OTHER_CUTILE}, but this process has cuda-tile "
+               f"{CUTILE}: serve with the build's version (pip install 'cuda-tile=="
+               f"{OTHER_CUTILE}'), or rebuild this cache under {CUTILE}" in p
+               for p in report["problems"]), report["problems"]
     with Store(cache) as store:
         store.put_toolchain(probe().fingerprint, probe().profile)
     report = json.loads(run_cli("doctor", "--serving", "--json", "--cache", str(cache)).stdout)
@@ -121,3 +125,27 @@ def test_doctor_says_which_hot_path_runs_and_why(tmp_path: Path,
         monkeypatch.undo()
         layout_guard.native_guard.cache_clear()
     assert off.startswith("Python (keys)") and "CTBUILD_NATIVE_GUARD=0" in off
+
+
+def test_serving_outside_the_project_finds_the_cache_its_kernels_do(tmp_path: Path) -> None:
+    """Run outside the project, doctor --serving finds no config; it says how to check the
+    cache a service importing the kernels finds (upward from their folder), and --module does."""
+    from ctbuild.cache import Store
+    project = tmp_path / "proj"
+    (project / "kern").mkdir(parents=True)
+    (project / "kern" / "__init__.py").write_text("")
+    (project / "kern" / "k.py").write_text("")
+    (project / "ctbuild.toml").write_text('modules = ["kern.k"]\ncache_dir = "built"\n')
+    Store(project / "built").close()
+    away = tmp_path / "away"
+    away.mkdir()
+    env = {"PYTHONPATH": str(project), "CTBUILD_CACHE_DIR": "", "CTBUILD_CONFIG": ""}
+    plain, found = (json.loads(run_cli(*args, cwd=away, env=env).stdout) for args in (
+        ("doctor", "--serving", "--json"),
+        ("doctor", "--serving", "--json", "--module", "kern.k")))
+    assert any("pass --module KERNEL_MODULE" in p for p in plain["problems"]), plain
+    assert found["cache"]["dir"] == str(project / "built"), found["cache"]
+    assert not any("no cache" in p for p in found["problems"]), found["problems"]
+    missing = run_cli("doctor", "--serving", "--module", "no_such.kernels", cwd=away, env=env)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "--module no_such.kernels: no such module here" in missing.stderr

@@ -47,6 +47,18 @@ def test_declaration_mistake_fails_plan_at_import(tmp_path: Path, capsys, mistak
     assert not out
 
 
+def test_one_dim_name_with_two_bucket_lists_shows_both(tmp_path: Path, capsys) -> None:
+    """Equal ranges, other buckets: the message shows what differs."""
+    text = TEMPLATE.format(**GOOD).replace(
+        '"Y": Tensor((N, 256), "float32")', '"Y": Tensor((Dim("rows", 1, 4096), 256), "float32")'
+    ).replace("N = 1024", 'N = Dim("rows", 1, 4096, buckets=[64])')
+    (tmp_path / "newcomer_dims.py").write_text(text)
+    (tmp_path / "ctbuild.toml").write_text('modules = ["newcomer_dims"]\n')
+    code, _, err = cli(capsys, "plan", "--config", str(tmp_path / "ctbuild.toml"))
+    one_error(code, err, "Dim 'rows' is declared twice, differently: Dim('rows', 1, 4096, "
+                         "buckets=(64, 4096)) and Dim('rows', 1, 4096); declare it once")
+
+
 @pytest.mark.parametrize("kernel,expected", [
     ("triton_habits", "axis 'num_warps' reaches nothing (no kernel parameter, no cuTile hint, "
                       "not read by grid/args/hints)"),
@@ -77,6 +89,9 @@ def test_arch_typos_blame_the_flag(tmp_path: Path, capsys, monkeypatch) -> None:
                        "sm90", str(bundle))
     one_error(code, err, "argument --arch: invalid --arch 'sm90': archs are spelt sm_XY")
     assert not bundle.exists() and not (tmp_path / "c").exists()
+    code, out, err = cli(capsys, "cache", "ls", "--cache", str(tmp_path / "c"), "--arch", "sm90")
+    one_error(code, err, "invalid --arch 'sm90': archs are spelt sm_XY (did you mean 'sm_90'?)")
+    assert not out
 
 
 def test_good_kernel_plans_with_costs_and_bucket_advice(capsys) -> None:

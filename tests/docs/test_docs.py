@@ -71,6 +71,16 @@ def test_command_checker_catches_a_wrong_flag() -> None:
         ["precompile", "--cache", "VALUE"]]
 
 
+def test_command_checker_catches_a_value_only_the_command_refuses() -> None:
+    """A REF that parses but that ``cache push --layout`` refuses (a registry-style name in an
+    OCI layout): the parser's ``check`` refuses it without reading or writing anything."""
+    from ctbuild.cache.errors import CacheError
+    with pytest.raises(CacheError, match="invalid name 'kernels:v7' for an OCI layout"):
+        parse_and_check(["cache", "push", "--layout", "./oci", "kernels:v7"])
+    assert not Path("oci").exists()
+    parse_and_check(["cache", "pull", "v7", "--layout", "./oci", "--arch", "sm_90"])
+
+
 # ---- commands shown in the docs ------------------------------------------------------------------
 def code_blocks(text: str) -> list[tuple[str, str]]:
     """(language, body) of every fenced code block."""
@@ -97,6 +107,7 @@ def placeholders(tokens: list[str]) -> list[str]:
     for t in tokens:
         if t == "$@":
             continue
+        t = t.replace("sha256:...", "sha256:" + "0" * 64)  # a digest left out
         t = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", t)
         t = re.sub(r"\$\{\w+\}|\$\w+", "VALUE", t)
         out.append(t)
@@ -168,6 +179,27 @@ def shown_commands() -> list[tuple[str, list[str]]]:
     return out
 
 
+def reference_examples() -> list[tuple[str, list[str]]]:
+    """The examples of the CLI's own help (docs/cli.md): each line of a text block that starts
+    with ``ctbuild`` (or ``example: ctbuild``), up to the two spaces before its explanation."""
+    out = []
+    for _, body in code_blocks(GENERATED.read_text()):
+        for line in body.splitlines():
+            if m := re.match(r"\s*(?:example:\s*)?(ctbuild\s.*)", line):
+                command = re.split(r"\s{2,}", m.group(1).strip())[0]
+                out += [(f"docs/cli.md: {command}", c) for c in ctbuild_commands(command)]
+    return out
+
+
+def parse_and_check(args: list[str]) -> None:
+    """Parse ``ctbuild ARGS`` with the real parser, then run its ``check`` (what a command
+    refuses from the command line alone, before it reads anything); nothing else runs."""
+    from ctbuild.cli import build_parser
+    ns = build_parser().parse_args(args)
+    if (check := getattr(ns, "check", None)) is not None:
+        check(ns)
+
+
 def test_docs_show_commands() -> None:
     where = {w.split(":")[0] for w, _ in shown_commands()}
     # the pages that teach commands, and the build script, must be found by the extractor
@@ -176,16 +208,24 @@ def test_docs_show_commands() -> None:
         assert must in where, f"no ctbuild command found in {must}"
 
 
-@pytest.mark.parametrize("where,args", shown_commands(), ids=lambda v: v
+def test_reference_examples_found() -> None:
+    shown = [" ".join(args[:2]) for _, args in reference_examples()]
+    for command in ("plan --config", "cache push", "cache pull", "cache keygen", "cache export"):
+        assert command in shown, f"no example of ctbuild {command} found in docs/cli.md"
+
+
+@pytest.mark.parametrize("where,args", shown_commands() + reference_examples(), ids=lambda v: v
                          if isinstance(v, str) else None)
 def test_shown_command_parses(where: str, args: list[str]) -> None:
-    from ctbuild.cli import build_parser
+    from ctbuild.cache.errors import CacheError
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            build_parser().parse_args(args)
+            parse_and_check(args)
     except SystemExit as exc:
         assert exc.code == 0, f"{where}\n  ctbuild {shlex.join(args)}\n{err.getvalue()}"
+    except CacheError as exc:
+        pytest.fail(f"{where}\n  ctbuild {shlex.join(args)}\n{exc}")
 
 
 # ---- links ---------------------------------------------------------------------------------------
