@@ -125,16 +125,24 @@ class _NoTorch:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
+#: Whether this process loaded cuTile's compiler with torch hidden (`load_compiler_without_torch`).
+_TORCH_HIDDEN = False
+
+
 def load_compiler_without_torch() -> bool:
     """Import cuTile's compiler without importing torch, in a process that has imported
-    neither; returns whether it did.
+    neither; returns whether it did. Call it only after the project's kernel modules are
+    imported.
 
     Importing the compiler makes cuTile's extension look for torch (to recognise its dtypes),
     which imports torch where it is installed: 4-6 s per process on a 64-core host with 64
-    compile workers starting at once, most of a worker's start-up. A compile never needs
-    torch (the container build has none, and a kernel that names torch dtypes imports torch
-    in its module, which was imported before this runs), so a build worker keeps it out.
-    Later imports of torch in the process work as usual."""
+    compile workers starting at once, most of a worker's start-up. cuTile looks only once: a
+    compiler loaded without torch never reads a torch dtype, even after torch is imported, so
+    a body naming one (``ct.arange(n, dtype=torch.int32)``, as TileGym's kernels do) fails
+    its front end. A kernel module that names torch dtypes imports torch itself, so once the
+    modules are imported torch is hidden only from processes whose kernels cannot name it.
+    Later imports of torch in the process work as usual (`torch_blind` tells)."""
+    global _TORCH_HIDDEN
     if "torch" in sys.modules or "cuda.tile._compile" in sys.modules:
         return False
     finder = _NoTorch()
@@ -143,7 +151,19 @@ def load_compiler_without_torch() -> bool:
         compiler()
     finally:
         sys.meta_path.remove(finder)
+    _TORCH_HIDDEN = True
     return True
+
+
+def torch_blind() -> bool:
+    """Whether torch was imported after cuTile's compiler was loaded without it: the front end
+    then refuses torch dtypes in kernel bodies, which a process that imported torch first
+    accepts (a kernel module imported after `load_compiler_without_torch`)."""
+    return _TORCH_HIDDEN and "torch" in sys.modules
+
+
+class TorchBlindError(RuntimeError):
+    """The front end failed in a `torch_blind` process: its answer may not be the build's."""
 
 
 def find_compiler_bin() -> tuple[str, bool]:
@@ -195,7 +215,15 @@ def front_end(kernel: ct.kernel, signature: Any, arch: str, options: Any,
                           func_hir=get_function_hir(ann.pyfunc, mode=HirMode.ENTRY_POINT),
                           signatures=[signature], bytecode_version=version,
                           sm_arch=arch, log_cutile_ir=False, keep_all=False)
-    result = cc._get_bytecode(keeper, options, anonymize_debug_info=True)
+    try:
+        result = cc._get_bytecode(keeper, options, anonymize_debug_info=True)
+    except Exception as exc:
+        if torch_blind():  # never let a misloaded compiler pass for a refusal of the body
+            raise TorchBlindError(
+                f"cuTile's compiler was loaded before torch was imported, so its front end "
+                f"cannot read torch dtypes (a ctbuild bug, please report): "
+                f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}") from None
+        raise
     if not _installed_series().bytecode_result:
         return FrontEnd(bytes(result))
     return FrontEnd(bytes(result.bytecode), tuple(result.preview_features),

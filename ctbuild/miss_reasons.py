@@ -3,10 +3,9 @@
 `explain` compares a call (as specs: `serve.live_args.workload_spec`) with every declared
 workload and names what no declaration has -- a dtype, a rank, a size, a size beyond a `Dim`'s
 range, a ``ct.Constant``'s value, a layout (strides, base alignment) -- the nearest declared
-workload, and the edit to ``workloads=[...]`` that would cover the call. `beyond_range` tells
-the runtime when a call fits a dynamic declaration except for a size outside a `Dim`'s range:
-no build planned, compiled or tuned that size, so it is a miss (strict mode raises), never a
-silent default config.
+workload, and the edit to ``workloads=[...]`` that would cover the call. Which calls a size
+outside a `Dim`'s range makes a miss is `ctbuild.range_rule`'s, for the runtime and `explain`
+alike.
 """
 from __future__ import annotations
 
@@ -105,17 +104,6 @@ def nearest(declared: Sequence[Workload], call: Mapping[str, Any], constants: fr
         if best is None or len(found) < len(best[1]):
             best = (w, found)
     return best
-
-
-def beyond_range(dynamic: Sequence[Workload], call: Mapping[str, Any],
-                 constants: frozenset[str]) -> str | None:
-    """When the call fits a dynamic declaration except for sizes outside its `Dim` ranges,
-    what is outside (one phrase); else None."""
-    for w in dynamic:
-        found = gaps(w, call, constants)
-        if found and all(g.kind == "range" for g in found):
-            return "; ".join(g.text for g in found)
-    return None
 
 
 def dim_names(module: str) -> dict[Dim, str]:

@@ -29,12 +29,13 @@ examples:
   ctbuild plan --kernel matmul --kernel rmsnorm     # only these kernels
 
 Jobs are deduplicated by compile key, so the job count is the number of CUBINs a clean
-precompile builds. Each kernel's body goes through cuTile's front end once (no compile), so a
-body error is reported here with its file:line. Buckets that `ctbuild tune --refine` split
-in the cache are listed with their split points. Estimated compile seconds come from the times
-the cache recorded in earlier builds, else from tile sizes; tune seconds assume one tuning
-process per workload and about 0.3 s per config. Exit 2 on a bad declaration, kernel body or
-config (the message names the kernel).
+precompile builds. Each kernel's body goes through cuTile's front end (no compile) once per
+class of jobs (arch, dtype pattern, hints), so a body error, or a hint value this tileiras
+cannot take, is reported here, one line per cause, with its file:line. Buckets that `ctbuild
+tune --refine` split in the cache are listed with their split points. Estimated compile
+seconds come from the times the cache recorded in earlier builds, else from tile sizes; tune
+seconds assume one tuning process per workload and about 0.3 s per config. Exit 2 on a bad
+declaration, kernel body or config (the message names the kernel).
 """
 
 
@@ -57,8 +58,8 @@ def toolchain_fingerprint() -> tuple[str, str | None]:
 def run(args: argparse.Namespace) -> int:
     from ..cutile import load_compiler_without_torch
     project = project_from_args(args)
-    load_compiler_without_torch()  # the body check's front end needs no torch: ~1 s sooner
     kernels = select_kernels(project.kernels(), args.kernels)
+    load_compiler_without_torch()  # after the kernels' modules (see there): ~1 s sooner
     fp, problem = toolchain_fingerprint()
     plan = make_plan(kernels, project.archs, fp, project.cap, generic=project.generic,
                      devices=project.devices)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..arch import Arch
 from ..atomic_write import check_writable, write_json
+from ..compile.failures import failure_causes
 from ..compile.miss_records import RecordFileError, read_records
 from ..declare import TunedKernel
 from ..project import ConfigError, Project, select_kernels
@@ -49,24 +50,26 @@ examples:
 
 A small build (estimated compile work under 8 s per worker) and a machine without Ray
 compile on local worker processes, never waiting for Ray (--farm auto; --farm ray or local
-to choose). Each kernel's body goes through cuTile's front end first: an error in it is
-reported once, with file:line, exit 2. Otherwise an embedded local Ray with one worker per
-core is started (a few seconds) and stopped at the end; into an empty cache it starts while
-the toolchain is probed and the plan made, otherwise only when something is left to compile.
-While it starts, --early-workers local processes (default: one per worker, leaving 2 cores
-to Ray) compile; each Ray worker that is up replaces one. --address (or $RAY_ADDRESS) joins
-an existing cluster instead: the ctbuild package (its farm and cache included) and the
-project's kernel modules are shipped to the workers, which need cuda-tile[tileiras], ray,
-diskcache and xxhash installed, but no cache path and no shared filesystem: workers send each
-CUBIN back and this process alone stores it (and reads it back) in --cache. Longest configs go
-first (by the compile seconds the cache recorded for them in earlier builds). Two builds into
-one cache never compile the same key twice. A full disk stops the build (exit 1); every CUBIN
-stored until then is kept.
+to choose). Each kernel's body goes through cuTile's front end first, once per class of jobs
+(arch, dtype pattern, hints): an error in it, or a hint value this tileiras cannot take, is
+reported once per cause, with file:line, exit 2. Otherwise an embedded local Ray with one
+worker per core is started (a few seconds) and stopped at the end; into an empty cache it
+starts while the toolchain is probed and the plan made, otherwise only when something is
+left to compile. While it starts, --early-workers local processes (default: one per worker,
+leaving 2 cores to Ray) compile; each Ray worker that is up replaces one. --address (or
+$RAY_ADDRESS) joins an existing cluster instead: the ctbuild package (its farm and cache
+included) and the project's kernel modules are shipped to the workers, which need
+cuda-tile[tileiras], ray, diskcache and xxhash installed, but no cache path and no shared
+filesystem: workers send each CUBIN back and this process alone stores it (and reads it
+back) in --cache. Longest configs go first (by the compile seconds the cache recorded for
+them in earlier builds). Two builds into one cache never compile the same key twice. A full
+disk stops the build (exit 1); every CUBIN stored until then is kept.
 
 Workers drop CUDA_HOME/CUDA_PATH so the pip tileiras with its own ptxas/libnvvm is used; a
 worker whose toolchain fingerprint differs from this machine's aborts the build.
-A config that fails to compile or exceeds --compile-timeout is reported and skipped, never
-cached; a worker that crashes has its job retried elsewhere (twice at most).
+A config that fails to compile or exceeds --compile-timeout is reported (one line per cause:
+its job count and file:line) and skipped, never cached; a worker that crashes has its job
+retried elsewhere (twice at most).
 
 --from-record FILE reads JSON lines written at run time (CTBUILD_RECORD=FILE) or by hand, e.g.
   {"kernel": "matmul", "workload": {"A": {"tensor": [512, 4096], "dtype": "float16"}, "B": {"tensor": [4096, 4096], "dtype": "float16"}, "C": {"tensor": [512, 4096], "dtype": "float16"}}, "arch": "sm_90"}
@@ -256,6 +259,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     failures = _failures(result.records, rows)
     summary = _summary(result, rows, failures, started=started, toolchain=toolchain.fingerprint,
                        archs=archs, cache_dir=project.cache_dir, ir_check=ir_check.to_json())
+    summary["causes"] = failure_causes(failures, {k.name: k for k in kernels})
     if report is not None:
         write_json(report, {"summary": summary, "worker_info": result.worker_info,
                                "jobs": rows})
@@ -295,7 +299,7 @@ def _job_rows(records: list[Any], jobs: dict[str, dict[str, Any]]) -> list[dict[
 def _failures(records: list[Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The failed jobs, each with only its error's first line: short enough to print."""
     return [{"key": r["key"], "kernel": r["kernel"], "arch": r["arch"],
-             "config": r["config"], "error_type": r["error_type"],
+             "config": r["config"], "workload": r["workload"], "error_type": r["error_type"],
              "error": records[i].first_error_line}
             for i, r in enumerate(rows) if r["status"] == "failed"]
 
@@ -335,7 +339,7 @@ def _print_outcome(args: argparse.Namespace, out: Any, summary: dict[str, Any],
         if args.json:
             print_json(summary)
         else:
-            print(render_summary(summary["kernels"], failures, summary))
+            print(render_summary(summary["kernels"], summary))
     if fatal:
         print(f"error: {fatal}", file=sys.stderr)
     if fatal or (failures and not args.allow_failures):

@@ -170,11 +170,11 @@ def _helper_main() -> None:
     sys.stdout = sys.stderr
     setup = Setup(**json.loads(sys.stdin.readline()))
     sys.path[:0] = [p for p in setup.paths if p not in sys.path]
-    from ..cutile import load_compiler_without_torch
-    load_compiler_without_torch()
     import importlib
     for module in setup.modules:
         importlib.import_module(module)
+    from ..cutile import load_compiler_without_torch
+    load_compiler_without_torch()  # after the kernel modules: a body may name torch dtypes
     print(json.dumps("ready"), file=answers, flush=True)
     for line in sys.stdin:
         print(json.dumps([derive_job(job, setup) for job in json.loads(line)]), file=answers,

@@ -133,9 +133,10 @@ def kernel_summary(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render_summary(kernels: list[dict[str, Any]], failures: list[dict[str, Any]],
-                   summary: dict[str, Any]) -> str:
-    """The human summary printed at the end of a precompile."""
+def render_summary(kernels: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """The human summary printed at the end of a precompile: failures one line per cause
+    (``summary["causes"]``, `ctbuild.compile.failures`)."""
+    from .failures import cause_line
     lines = [f"{'kernel':<20} {'jobs':>5} {'compiled':>9} {'cached':>7} {'failed':>7} "
              f"{'compile s':>10} {'mean s':>7}"]
     for k in kernels:
@@ -159,15 +160,11 @@ def render_summary(kernels: list[dict[str, Any]], failures: list[dict[str, Any]]
         f"{summary['jobs']} jobs: {summary['compiled']} compiled, {summary['cached']} cached, "
         f"{summary['failed']} failed in {summary['seconds']:.1f}s ({how}) "
         f"for {', '.join(summary['archs'])}; cache {summary['cache']}")
-    if failures:
+    if causes := summary.get("causes"):
         lines.append("")
-        lines.append(f"FAILED ({len(failures)}):")
-        for f in failures:
-            cfg = ", ".join(f"{k}={v}" for k, v in (f.get("config") or {}).items())
-            error = f["error"] or ""
-            if f.get("error_type") and not error.startswith(f["error_type"]):
-                error = f"{f['error_type']}: {error}"
-            lines.append(f"  {f['kernel']} {f['arch']} {{{cfg}}}: {error}")
+        lines.append(f"FAILED ({summary['failed']} jobs, {len(causes)} "
+                     f"cause{'s' if len(causes) > 1 else ''}):")
+        lines += [f"  {cause_line(c)}" for c in causes]
         lines.append("failed configs are not cached; fix or prune them (or pass "
                      "--allow-failures to exit 0), then run precompile again")
     if summary.get("fatal"):

@@ -336,8 +336,10 @@ class KernelRuntime:
         if res.cubin_class == "miss" or res.config_from == "default":
             from ..miss_reasons import dim_names, explain_gaps
             assert res.spec is not None
-            out.update(explain_gaps(self.tuned.declared_workloads, res.spec,
-                                    self.tuned.constant_args(res.workload),
+            from ..range_rule import explain_candidates
+            constants = self.tuned.constant_args(res.workload)
+            out.update(explain_gaps(explain_candidates(self.tuned.declared_workloads, res.spec,
+                                                       constants), res.spec, constants,
                                     cubin_miss=res.cubin_class == "miss", arch=res.arch,
                                     cache_problem=self.ctx.cache_problem,
                                     names=dim_names(self.tuned.module)))

@@ -22,7 +22,7 @@ from ..bucket_map import BucketMapError, Split, read_splits, split_for, why
 from ..device_table import DeviceInfo, cuda_device, explain_device
 from ..dims import Bucket, find_bucket, match
 from ..keys import record_key_for
-from ..miss_reasons import beyond_range
+from ..range_rule import beyond_range
 from ..records import stored_tuning
 from ..signature import derive_signature, signature_class, signature_text
 from ..space import Config
@@ -111,7 +111,7 @@ class Resolver:
             wl_json = workload_json(spec_w)
             bucket = find_bucket(tuned.dynamic_workloads, spec_w) \
                 if tuned.dynamic_workloads else None
-            beyond = beyond_range(tuned.dynamic_workloads, spec_w, tuned.constant_args(w)) \
+            beyond = beyond_range(tuned.declared_workloads, spec_w, tuned.constant_args(w)) \
                 if bucket is None and tuned.dynamic_workloads else None
             if beyond is not None and not dry:  # strict mode raises here
                 self.ctx.policy.range_miss(tuned, beyond, arch, wl_json)

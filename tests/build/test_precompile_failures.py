@@ -23,12 +23,17 @@ def test_failures_reported_isolated_and_not_cached(tmp_path):
     proc, _, _ = precompile(*args, "--report", str(report), env=HANG)  # timeout: hang guard
     assert proc.returncode == 1, explain(proc)
     text = proc.stdout
-    assert "FAILED (3):" in text, explain(proc)
-    assert "faulty sm_90 {TM=96, TK=64}: TypeCheckingError" in text
+    assert "FAILED (3 jobs, 3 causes):" in text, explain(proc)
+    assert "faulty sm_90 float16 {TM=96, TK=64}: TypeCheckingError" in text
     # both hangs were cut by the build's own timeouts (tileiras' on the worker, the driver's
     # on a Python hang), not by the test's guard
-    assert "faulty sm_90 {TM=1024, TK=512}: CompilerTimeoutError" in text
-    assert "faulty sm_90 {TM=128, TK=64}: Timeout: no result after" in text
+    assert "faulty sm_90 float16 {TM=1024, TK=512}: CompilerTimeoutError" in text
+    assert "faulty sm_90 float16 {TM=128, TK=64}: Timeout: no result after" in text
+    # one line per cause; those with no file:line of their own name the declaration's
+    declared = "(declared at tests/fixtures/farm_project/farm_kernels/faulty.py:25)"
+    assert {line.split("}")[0].split("TM=")[1]: line.endswith(declared)
+            for line in text.splitlines() if line.startswith("  faulty sm_90 ")} == {
+        "96, TK=64": False, "1024, TK=512": True, "128, TK=64": True}, explain(proc)
 
     data = json.loads(report.read_text())
     rows = {(r["kernel"], r["config"].get("TM"), r["config"].get("TILE"),

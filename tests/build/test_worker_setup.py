@@ -54,13 +54,23 @@ def test_a_worker_without_torch_builds_the_same_bytes(tmp_path: Path) -> None:
 
 
 def test_torch_imports_normally_after_the_compiler_loaded_without_it() -> None:
-    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from ctbuild.cutile import load_compiler_without_torch\n"
+    """... but cuTile's front end then cannot read torch dtypes: a body naming one, imported
+    too late, is a TorchBlindError (a ctbuild bug), never a refusal of the body."""
+    fixture = ROOT / "tests" / "fixtures" / "torch_dtype_project"
+    script = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(fixture)!r}]\n"
+              "from ctbuild.cutile import load_compiler_without_torch, torch_blind\n"
               "assert load_compiler_without_torch()\n"
-              "assert 'torch' not in sys.modules\n"
+              "assert 'torch' not in sys.modules and not torch_blind()\n"
               "import torch\n"
               "assert torch.zeros(2).sum().item() == 0\n"
-              "assert not load_compiler_without_torch()  # loaded already: nothing to do\n")
+              "assert not load_compiler_without_torch()  # loaded already: nothing to do\n"
+              "from torch_dtype_kernels import silu_and_mul\n"
+              "from ctbuild.arch import Arch\n"
+              "from ctbuild.compile.body_check import body_problem\n"
+              "from ctbuild.compile.plan import make_plan\n"
+              "job = next(iter(make_plan([silu_and_mul], [Arch('sm_90')], 'x').jobs.values()))\n"
+              "problem = body_problem(silu_and_mul, job)\n"
+              "assert torch_blind() and problem.text.startswith('TorchBlindError: '), problem\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
