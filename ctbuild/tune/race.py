@@ -187,15 +187,17 @@ def race(configs: Sequence[Config], sample: Callable[[Config], float], band: Tie
 
 def _round(live: list[Config], r: int, sample: Callable[[Config], float], samples: int,
            failures: list[tuple[Config, str]]) -> dict[Config, float]:
-    """Round ``r``: each live candidate's median of ``samples`` launches, the order rotated
-    (and reversed every other round); a candidate whose sample raises leaves ``live``, its
-    error in ``failures``."""
+    """Round ``r``: each live candidate's median of ``samples`` launches (in the first round
+    after one untimed launch), the order rotated (and reversed every other round); a
+    candidate whose sample raises leaves ``live``, its error in ``failures``."""
     order = live[r % len(live):] + live[:r % len(live)] if live else []
     if r % 2:
         order.reverse()
     times: dict[Config, float] = {}
     for cfg in order:
         try:
+            if r == 0:
+                sample(cfg)  # untimed: a first launch at a new size loads its CUBIN
             times[cfg] = statistics.median(sample(cfg) for _ in range(samples))
         except Exception as exc:  # noqa: BLE001 - one candidate failing leaves the others
             failures.append((cfg, f"{type(exc).__name__}: {exc}"))

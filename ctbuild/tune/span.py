@@ -3,10 +3,11 @@
 A bucket serves every size from its lower bound to its upper bound with one config. Its key's
 own size (the upper bound) is screened and raced (`ctbuild.tune.race`); then every screened
 candidate races again at the other sizes `span_sizes` names: along each Dim (the others at their
-upper bound) its lower bound, the sizes one above each power of two in between (where a tile the
-upper bound fills exactly wastes the most) and geometric midpoints; with several Dims also the
-corner where all are at their lower bound and a point in the middle of all. The loss of a config at a size is its time
-over the fastest there, minus one; a dropped candidate's loss is its time when dropped.
+upper bound) its lower bound, each power of two in between and the size one above it (where a
+power-of-two tile goes from filled exactly to almost half empty) and geometric midpoints; with
+several Dims also the corner where all are at their lower bound and a point in the middle. The
+loss of a config at a size is its time over the fastest there, minus one; a dropped
+candidate's loss is its time when dropped.
 
 The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
 the band of the smallest) go to the default config, else the first in space order
@@ -26,31 +27,32 @@ from ..dims import Bucket
 from ..space import Config
 from .choice import TieBand, Timing, choose
 
-#: The most sizes below its upper bound raced along one Dim of a bucket.
-MAX_PER_DIM = 5
+#: The most sizes below its upper bound raced along one Dim of a bucket over one Dim, and
+#: over several (each of its Dims).
+MAX_PER_DIM = (7, 5)
 
 
-def dim_points(lo: int, hi: int) -> list[int]:
-    """The sizes below ``hi`` to race along one Dim: its lower bound; one above each power of
-    two in between, where a power-of-two tile wastes the most (a tile the top fills exactly
-    runs almost half empty there); then geometric midpoints of the widest gaps. At most
-    `MAX_PER_DIM`, spread on a log scale; sizes within 25% of a chosen one add little."""
+def dim_points(lo: int, hi: int, most: int = MAX_PER_DIM[0]) -> list[int]:
+    """The sizes below ``hi`` to race along one Dim: its lower bound; powers of two in between
+    and the size one above each, where a power-of-two tile goes from filled exactly to almost
+    half empty (at most ``(most - 1) // 2`` of them, spread on a log scale); then geometric
+    midpoints of the widest gaps, up to ``most`` sizes."""
     import math
-    pts = [lo]
-    for k in range(hi.bit_length()):
-        p = 2 ** k + 1
-        if lo < p < hi and math.log(p / pts[-1]) > math.log(1.25):
-            pts.append(p)
-    if len(pts) > MAX_PER_DIM:
-        pts = [pts[round(i * (len(pts) - 1) / (MAX_PER_DIM - 1))] for i in range(MAX_PER_DIM)]
-    while len(pts) < MAX_PER_DIM:
-        edges = [*pts, hi]
+    ks = [k for k in range(hi.bit_length()) if lo < 2 ** k < hi]
+    n = (most - 1) // 2
+    if len(ks) > n:  # spread on the log scale above the lower bound, the largest kept
+        ks = sorted({ks[round((i + 1) * (len(ks) - 1) / n)] for i in range(n)})
+    if lo >= hi:
+        return []
+    pts = {lo} | {p for k in ks for p in (2 ** k, 2 ** k + 1) if p < hi}
+    while len(pts) < most:
+        edges = sorted({*pts, hi})
         gap, a, b = max((math.log(b / a), a, b) for a, b in zip(edges, edges[1:]))
         mid = round(math.sqrt(a * b))
         if gap <= math.log(1.25) or not a < mid < b:
             break
-        pts = sorted({*pts, mid})
-    return [p for p in pts if p < hi]
+        pts.add(mid)
+    return sorted(pts)
 
 
 def span_sizes(bucket: Bucket) -> list[dict[str, int]]:
@@ -59,7 +61,8 @@ def span_sizes(bucket: Bucket) -> list[dict[str, int]]:
     corner and the point where every Dim is at the middle of its points; no size twice."""
     top = dict(bucket.sizes)
     low = bucket.lower_bounds()
-    points = {name: dim_points(low[name], top[name]) for name in top}
+    most = MAX_PER_DIM[0] if len(top) == 1 else MAX_PER_DIM[1]
+    points = {name: dim_points(low[name], top[name], most) for name in top}
     out: list[dict[str, int]] = []
     for name in sorted(top):
         out += [{**top, name: p} for p in points[name]]

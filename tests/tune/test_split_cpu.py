@@ -78,7 +78,7 @@ class _Stream:
 
 
 def _tune(runtime_store, monkeypatch, seconds, **opts):
-    """Tune dyn_add's bucket N<=4096 (sizes raced: 257, 513, 1025, 1449, 2049 and 4096) with
+    """Tune dyn_add's bucket N<=4096 (sizes raced: 257, 512, 513, 1024, 1025, 2048, 2049 and 4096) with
     ``seconds(config, n)`` as its measurements: (entry, summary)."""
     from ctbuild.project import load_project
     from ctbuild.tune.session import TuneOptions, entries_for, tune_entries
@@ -100,7 +100,7 @@ def _tune(runtime_store, monkeypatch, seconds, **opts):
 def test_a_bucket_no_config_serves_well_is_split_and_served(runtime_store, monkeypatch
                                                             ) -> None:
     """TILE=1024 is 10% faster from N=1500 up and 10% slower below: the bucket is split at
-    N=1449 (the largest size raced below 1500); its sub-bucket's record serves N<=1449."""
+    N=1025 (the largest size raced below 1500); its sub-bucket's record serves N<=1025."""
     from ctbuild import runtime
     from ctbuild.commands.tune import span_lines
     from ctbuild.compile.coverage import refined_buckets, refined_lines
@@ -115,21 +115,21 @@ def test_a_bucket_no_config_serves_well_is_split_and_served(runtime_store, monke
     add = entry.kernel
     assert s["winner"]["TILE"] == 1024
     [split] = s["record"]["refined"]["splits"]
-    assert split["sizes"] == {"N": 1449} and 9.9 < split["regret_pct"] < 10.2
+    assert split["sizes"] == {"N": 1025} and 9.9 < split["regret_pct"] < 10.2
     lines = span_lines(s)
-    assert len(lines) == 1 and re.search(r"sub-bucket N<=1449 has its own winner \(the "
+    assert len(lines) == 1 and re.search(r"sub-bucket N<=1025 has its own winner \(the "
                                          r"bucket's was 10\.\d% slower there\)$", lines[0])
     runtime.configure(store=runtime_store, mode="default")
-    for n, sub in ((257, True), (300, True), (1449, True), (1450, False), (2000, False)):
+    for n, sub in ((257, True), (300, True), (1025, True), (1026, False), (2000, False)):
         t = Tensor((n,), "float32")
         e = add.explain(t, t, t, arch="sm_90", gpu=GPU)
         assert e["config_from"] == "record", (n, e)
         assert e["config"]["TILE"] == (2048 if sub else 1024), (n, e)
-        assert e["sub_bucket"] == ({"N": 1449} if sub else None), (n, e)
-    assert "N≤1449" in _regret_text(s["record"])  # the --report page
+        assert e["sub_bucket"] == ({"N": 1025} if sub else None), (n, e)
+    assert "N≤1025" in _regret_text(s["record"])  # the --report page
     refined = refined_buckets(runtime_store.path, [add])
     assert refined_lines(refined) == [
-        f"dyn_add          bucket N<=4096 split at N<=1449 ({GPU}, sm_90)"]
+        f"dyn_add          bucket N<=4096 split at N<=1025 ({GPU}, sm_90)"]
     # --no-refine: one winner for the whole bucket, and why it was not split.
     _, s = _tune(runtime_store, monkeypatch, seconds, refine=0)
     assert s["record"]["refined"]["splits"] == []

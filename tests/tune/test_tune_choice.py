@@ -133,11 +133,12 @@ def test_finalists_keep_the_near_ones_and_the_default():
     assert cfg(256) not in [t.config for t in finalists(screened, TieBand(2.0), None)]
 
 
-def test_span_sizes_lower_bound_one_above_powers_of_two_and_midpoints():
+def test_span_sizes_lower_bound_powers_of_two_and_one_above_and_midpoints():
     from ctbuild.tune.span import dim_points
-    assert dim_points(129, 1024) == [129, 257, 363, 513, 725]   # 2^k+1, then the widest gaps
-    assert dim_points(1, 128) == [1, 3, 9, 17, 65]              # at most 5, spread
-    assert dim_points(16, 256) == [16, 23, 33, 65, 129]         # 17 is within 25% of 16
+    assert dim_points(129, 1024) == [129, 256, 257, 363, 512, 513, 725]  # then widest gaps
+    assert dim_points(16, 256) == [16, 32, 33, 64, 65, 128, 129]
+    assert dim_points(1, 1 << 24) == [1, 256, 257, 65536, 65537, 1 << 23, (1 << 23) + 1]
+    assert dim_points(129, 1024, 5) == [129, 256, 257, 512, 513]
     assert dim_points(1, 2) == [1] and dim_points(7, 8) == [7]
     w = Workload({"X": Tensor((Dim("M", 1, 4096), 64), "float16")})
     by_top = {b.to_json()["M"]: b for b in buckets(w)}
@@ -149,8 +150,8 @@ def test_span_sizes_lower_bound_one_above_powers_of_two_and_midpoints():
     [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
     sizes = span_sizes(b)
     assert sizes[:5] == [{"B": n, "S": 8192} for n in (3, 4, 5, 6, 7)]
-    assert sizes[5:10] == [{"B": 8, "S": n} for n in (1025, 2049, 2897, 4097, 5793)]
-    assert sizes[10:] == [{"B": 3, "S": 1025}, {"B": 5, "S": 2897}]   # corner, middle
+    assert sizes[5:10] == [{"B": 8, "S": n} for n in (1025, 2048, 2049, 4096, 4097)]
+    assert sizes[10:] == [{"B": 3, "S": 1025}, {"B": 5, "S": 2049}]   # corner, middle
 
 
 def _span(bucket, rows: dict[str, dict[int, float]]) -> Span:
