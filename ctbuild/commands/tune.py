@@ -54,7 +54,7 @@ A dynamic workload (ctbuild.Dim) is tuned once per bucket, for every size the bu
 every candidate races again at the bucket's lower bound and geometric midpoints (along each
 Dim), and the winner is the config whose worst loss over those sizes and the upper bound is
 smallest (ties by the same rule). Where no config is within the band at every size, the bucket
-is split along the Dim that carries the loss, at most --refine N times (default 2; a kernel's
+is split along the Dim that carries the loss, at most --refine N times (default 3; a kernel's
 max_splits= sets its own; --no-refine: never): each sub-bucket's winner is recorded under its
 split point's own key and served for the sizes up to it. A bucket left unsplit with a loss
 above the band says why, on its line, in its record and in the report.
@@ -96,9 +96,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--verify", action="store_true",
                    help="re-measure the recorded winners against their ties and finalists on "
                         "this GPU and report drift; rewrites nothing")
-    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count, const=2, default=None,
+    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count, const=3, default=None,
                    help="split a Dim bucket at most N times where no config is within the tie "
-                        f"band at all its sizes (default: 2; 1 to {MAX_SPLITS}; a kernel's "
+                        f"band at all its sizes (default: 3; 1 to {MAX_SPLITS}; a kernel's "
                         "max_splits= sets its own)")
     p.add_argument("--no-refine", action="store_true",
                    help="never split a Dim bucket: one winner for all its sizes")
@@ -250,7 +250,7 @@ def tune_options(args: argparse.Namespace, project: Any) -> TuneOptions:
                        timeout_s=args.timeout, cap=project.cap,
                        paths=[str(p) for p in project.paths], workers=args.workers,
                        tie_band=args.tie_band.percent,
-                       refine=0 if args.no_refine else args.refine or 2)
+                       refine=0 if args.no_refine else args.refine or 3)
 
 
 def _printer(quiet: bool) -> Callable[[dict[str, Any]], None]:

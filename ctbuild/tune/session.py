@@ -96,7 +96,7 @@ class TuneOptions:
     #: ``--refine N``: split a Dim bucket at most N times where no config is within the band
     #: at all its sizes (`ctbuild.tune.span`); 0 (``--no-refine``): never; a kernel's own
     #: ``max_splits=`` wins
-    refine: int = 2
+    refine: int = 3
 
     def settings(self, kernel: TunedKernel | None = None) -> TuneSettings:
         own = getattr(kernel, "max_splits", None)
