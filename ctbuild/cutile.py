@@ -57,6 +57,16 @@ def pyfunc(kernel: Any) -> Callable[..., Any]:
     return kernel._pyfunc if isinstance(kernel, ct.kernel) else kernel
 
 
+def tile_function(func: Any) -> Any:
+    """What cuTile's front end compiles for ``func``: a ``ct.kernel``'s Python function, the
+    function a ``@ct.function`` wrapper wraps, else ``func`` itself (it follows no other
+    ``__wrapped__``: a user decorator's wrapper is compiled as itself)."""
+    func = pyfunc(func)
+    while getattr(func, "_cutile_function_wrapper", False):
+        func = func.__wrapped__
+    return func
+
+
 def annotated_function(kernel: ct.kernel) -> Any:
     """cuTile's parsed view of a kernel's parameters (what the dispatcher and compiler use):
     ``.pysig`` (an `inspect.Signature`), ``.parameter_annotations``, ``.pyfunc``."""

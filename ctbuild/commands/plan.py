@@ -9,6 +9,7 @@ from ..compile.plan import make_plan
 from ..compile.plan_costs import KernelCost, kernel_costs
 from ..declare import TunedKernel
 from ..declared_inputs import unset_integer_args
+from ..fingerprint import by_tileir
 from ..project import select_kernels
 from ..specs import describe
 from ..toolchain import ToolchainError, probe
@@ -72,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = plan.to_json()
         by_name = {c.kernel: c.to_json() for c in costs}
+        marked = {k.name: m.to_json() for k in kernels if (m := by_tileir(k)) is not None}
         for k in out["kernels"]:
             k["estimate"] = by_name.get(k["name"])
             k["refined"] = refined.get(k["name"], [])
+            k["identity_by_tileir"] = marked.get(k["name"])
         if problem:
             out["toolchain_problem"] = problem
         print_json(out)
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     for line in summary_lines(plan, kernels):
         print(("" if line.startswith("warning:") else "  ") + line)
     print_input_notes(kernels)
+    print_identity_notes(kernels)
     if refined:
         print("\nrefined buckets in the cache (ctbuild tune --refine: a size inside a "
               "sub-bucket runs the sub-bucket's winner):")
@@ -113,6 +117,17 @@ def print_input_notes(kernels: list[TunedKernel]) -> None:
               "tuning fills them with 1..N-1 (N: the smallest extent above 1 of the other "
               "tensors): declare realistic lengths/indices with inputs= "
               "(docs/declaring.md#tuning-inputs)")
+
+
+def print_identity_notes(kernels: list[TunedKernel]) -> None:
+    """A note per kernel whose identity rests on its TileIR (what it reads that its
+    fingerprint cannot follow), and what that costs a serving process."""
+    marked = [(k.name, m) for k in kernels if (m := by_tileir(k)) is not None]
+    if marked:
+        print()
+    for name, marks in marked:
+        print(f"note: {name}: {marks.note}; a serving process verifies each of its CUBINs by "
+              "TileIR at its first load (~10 ms each)")
 
 
 def print_costs(costs: list[KernelCost]) -> None:

@@ -15,8 +15,12 @@ the state the front end reads: every project module's source file (by location, 
 fingerprint tells a project module from a library), the installed distributions, the
 toolchain and ctbuild's version. While that state holds, an entry verified (or compiled) with
 the same recorded digest is not derived again; any edit to a project file derives every
-entry again, whatever the fingerprint says. Entries without a recorded digest (caches written
-before digests were, runtime JIT write-backs) are unverifiable, never mismatches.
+entry again, whatever the fingerprint says. A kernel whose identity rests on its TileIR
+(`ctbuild.fingerprint.by_tileir`: it reads environment variables, data files or installed code
+the fingerprint cannot follow) is remembered under what it reads too (`ByTileIR.state`: the
+variables' values, the files' contents), and never where it reads something it cannot name.
+An entry without a recorded digest (a cache written before digests were) is unverifiable:
+nothing tells what code it is, so it is rebuilt.
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ from typing import Any, Iterable, Sequence
 import xxhash
 
 from .. import __version__
-from ..fingerprint import is_project_module
+from ..declare import registered
+from ..fingerprint import by_tileir, is_project_module
 from ..records import CompileMeta, RecordFormatError
 from ..tileir import TILEIR_FORMAT
 from ..user_code import LIBRARY_DIRS
@@ -49,7 +54,8 @@ MEMO_PROJECTS = 16
 @dataclass
 class IrCheck:
     """What one check found. ``mismatches``: entries whose recorded TileIR these sources do not
-    give (removed when the check rebuilds); ``errors``: entries whose front end now fails."""
+    give, or that record none (``unverifiable`` counts those): removed when the check
+    rebuilds."""
     relied_on: int = 0
     derived: int = 0
     remembered: int = 0
@@ -65,15 +71,29 @@ class IrCheck:
                 for k, v in self.__dict__.items()}
 
     def warnings(self) -> list[str]:
-        """One line per mismatched kernel and config: what it is and what to do."""
+        """One line per mismatched kernel and config: what it is and what to do. A marked
+        kernel's mismatch is expected (what it reads changed); any other is a hole."""
         changed = ", ".join(self.changed_modules or []) or (
             "none recorded" if self.changed_modules is not None else "unknown (no earlier check)")
-        return [f"warning: kernel {m['kernel']} ({m['module']}) config {json.dumps(m['config'])} "
-                f"{m['arch']}: its cached CUBIN {m['key'][:16]} was built from other code than "
-                f"these sources compile to ({m['why']}), but its fingerprint did not change: a "
-                f"fingerprint hole (the kernel depends on something its fingerprint misses; "
-                f"project modules changed since the last check: {changed}); rebuilding it. "
-                "Please report the edit that caused it." for m in self.mismatches]
+        lines = []
+        for m in self.mismatches:
+            head = (f"kernel {m['kernel']} ({m['module']}) config {json.dumps(m['config'])} "
+                    f"{m['arch']}: its cached CUBIN {m['key'][:16]}")
+            if m.get("unrecorded"):
+                lines.append(f"note: {head} records no TileIR digest (a cache written before "
+                             "they were), so nothing tells what code it is; rebuilding it.")
+                continue
+            if m.get("marked"):
+                lines.append(f"note: {head} is not what these sources and this environment "
+                             f"compile to ({m['why']}; {m['marked']}); rebuilding it.")
+                continue
+            lines.append(
+                f"warning: {head} was built from other code than these sources compile to "
+                f"({m['why']}), but its fingerprint did not change: a fingerprint hole (the "
+                f"kernel depends on something its fingerprint misses; project modules changed "
+                f"since the last check: {changed}); rebuilding it. Please report the edit that "
+                "caused it.")
+        return lines
 
 
 def source_state(toolchain_fp: str) -> tuple[str, dict[str, str]]:
@@ -165,6 +185,16 @@ class IrGuard:
         self.memo = Memo(cache_dir, project)
         self.state, self.modules = source_state(toolchain_fp)
         self.verified = self.memo.verified(self.state)
+        self.marked = _marked()
+
+    def _memo_value(self, job: dict[str, Any], digest: str) -> str | None:
+        """What the memo holds for a verified entry: its recorded digest, and for a marked
+        kernel the state of what it reads (None: it reads what it cannot name; never
+        remembered)."""
+        marked = self.marked.get(_kernel_of(job))
+        if marked is None:
+            return digest
+        return None if marked[1] is None else f"{digest} {marked[1]}"
 
     def check(self, store: Any, jobs: Iterable[dict[str, Any]], workers: int | None = None,
               rebuild: bool = True) -> IrCheck:
@@ -181,7 +211,9 @@ class IrGuard:
             digest = _recorded(stored[job["key"]])
             if digest is None:
                 report.unverifiable += 1
-            elif self.verified.get(job["key"]) == digest:
+                report.mismatches.append({**self._naming(job), "unrecorded": True,
+                                          "why": "no TileIR digest recorded"})
+            elif (memo := self._memo_value(job, digest)) and self.verified.get(job["key"]) == memo:
                 report.remembered += 1
             else:
                 todo.append(job)
@@ -205,13 +237,24 @@ class IrGuard:
         if found.get("stale"):
             report.stale += 1
         elif found.get("digest") == recorded:
-            self.verified[job["key"]] = recorded
+            self._remember(job, recorded)
         else:
             why = (f"recorded TileIR {recorded[:16]}, now {found['digest'][:16]}"
                    if "digest" in found else f"the front end now fails: {found.get('error')}")
-            report.mismatches.append({"kernel": job["kernel"], "module": job["module"],
-                                      "config": job["config"], "arch": job["arch"],
-                                      "key": job["key"], "why": why})
+            report.mismatches.append({**self._naming(job), "why": why})
+            self.verified.pop(job["key"], None)
+
+    def _naming(self, job: dict[str, Any]) -> dict[str, Any]:
+        """What a mismatch says of its job (``marked``: why its identity rests on its TileIR,
+        when it does)."""
+        marked = self.marked.get(_kernel_of(job))
+        return {**{k: job[k] for k in ("kernel", "module", "config", "arch", "key")},
+                "marked": marked and marked[0]}
+
+    def _remember(self, job: dict[str, Any], digest: str) -> None:
+        if (memo := self._memo_value(job, digest)) is not None:
+            self.verified[job["key"]] = memo
+        else:
             self.verified.pop(job["key"], None)
 
     def remember(self, store: Any, keys: Iterable[str]) -> None:
@@ -222,8 +265,29 @@ class IrGuard:
             return
         for key, meta in store.compile_entries():
             if key in wanted and (digest := _recorded(meta)) is not None:
-                self.verified[key] = digest
+                self._remember({"key": key, "module": meta.get("module"),
+                                "kernel": meta.get("kernel")}, digest)
         self.memo.save(self.state, self.modules, self.verified)
+
+
+def _kernel_of(job: dict[str, Any]) -> tuple[str, str]:
+    """(module, kernel) of a job or an entry's metadata."""
+    return str(job.get("module") or ""), str(job.get("kernel") or "")
+
+
+def _marked() -> dict[tuple[str, str], tuple[str, str | None]]:
+    """(module, kernel) -> (why its identity rests on its TileIR, the state of what it reads:
+    `ByTileIR.state`), for each declared kernel so marked; one that fails its fingerprint is
+    not marked (the build reports it)."""
+    found: dict[tuple[str, str], tuple[str, str | None]] = {}
+    for tuned in registered():
+        try:
+            marks = by_tileir(tuned)
+        except Exception:  # noqa: BLE001 - see the docstring
+            continue
+        if marks is not None:
+            found[(tuned.module, tuned.name)] = (marks.note, marks.state())
+    return found
 
 
 def _recorded(meta: dict[str, Any]) -> str | None:
@@ -233,7 +297,6 @@ def _recorded(meta: dict[str, Any]) -> str | None:
     except RecordFormatError:
         return None
     return digest if fmt == TILEIR_FORMAT else None
-
 
 
 def check_cached(cache_dir: Path, modules: Sequence[str], paths: Sequence[str],

@@ -14,6 +14,7 @@ from typing import Any
 from ..arch import Arch
 from ..settings import CACHE_DIR_ENV, verify_mode
 from .cache_reader import CacheReader
+from .ir_verify import IrVerifier
 from .kernel_store import KernelStore
 from .ledger import LEDGER
 from .miss_policy import (
@@ -53,18 +54,18 @@ class RuntimeContext:
                 if self.store.damage is not None:
                     self._on_damage(self.store.damage)
             self.toolchain_fp = self._select_toolchain()
-        self.write_back = WriteBack(self.store, self.toolchain_fp, self.cache_dir)
-        self.policy = MissPolicy(self.mode, self.misses, self.cache_dir, self.toolchain_fp,
-                                 self.write_back)
-        self.source = CubinSource(self.store, self.toolchain_fp,
-                                  on_miss=self.policy.on_launch_miss)
         try:
             verify = verify_mode()
         except ValueError as exc:
             raise RuntimeConfigError(str(exc)) from None
-        if verify == "ir":
-            from .ir_verify import IrVerifier
-            self.source.verify = IrVerifier(self.store, self.toolchain_fp)
+        # marked kernels always, every kernel with CTBUILD_VERIFY=ir (see ir_verify)
+        self.verifier = IrVerifier(self.store, self.toolchain_fp, every=verify == "ir")
+        self.write_back = WriteBack(self.store, self.toolchain_fp, self.cache_dir,
+                                    self.verifier)
+        self.policy = MissPolicy(self.mode, self.misses, self.cache_dir, self.toolchain_fp,
+                                 self.write_back)
+        self.source = CubinSource(self.store, self.toolchain_fp,
+                                  on_miss=self.policy.on_launch_miss, verify=self.verifier)
         self._devices: dict[int, tuple[str, str]] = {}
 
     @property

@@ -211,5 +211,5 @@ class MissPolicy:
         cubin, symbol = served.jit_compile(signature, context, arch)
         if launch is not None:
             launch.cubin_from = "jit"
-        self.write_back.put(tuned, cfg, key, cubin, symbol, arch)
+        self.write_back.put(tuned, cfg, key, cubin, symbol, arch, signature, spec_json)
         return cubin, symbol

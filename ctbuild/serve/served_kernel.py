@@ -92,7 +92,8 @@ class CubinSource:
     store: KernelStore | None
     toolchain_fp: str | None
     on_miss: MissHandler | None = None
-    #: ``CTBUILD_VERIFY=ir``: (tuned, cfg, signature, arch, key, meta) -> may it be served
+    #: (tuned, cfg, signature, arch, key, meta) -> may it be served: `IrVerifier` (marked
+    #: kernels, every kernel with ``CTBUILD_VERIFY=ir``)
     verify: Callable[..., bool] | None = None
     #: `candidates` by (kernel, config, exact signature, arch): resolving a call and serving
     #: its launch ask for the same list.

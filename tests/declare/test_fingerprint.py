@@ -161,15 +161,15 @@ _PREPARED_PROBE = '''
 import json, sys
 {torch}
 import ctbuild
-from ctbuild import fingerprint as F
+from ctbuild import fingerprint as F, fingerprint_source as S
 sys.path.insert(0, {folder!r})
 import fpmod
-analysed = len(F._ANALYSED)
+analysed = len(S._ANALYSED)
 parsed = []
-tree = F._code_tree
-F._code_tree = lambda f: (parsed.append(f.__name__), tree(f))[1]
+tree = S._code_tree
+S._code_tree = lambda f: (parsed.append(f.__name__), tree(f))[1]
 first, parsed_first = fpmod.kern.fingerprint, sorted(parsed)
-F._ANALYSED.clear()
+S._ANALYSED.clear()
 print(json.dumps({{"analysed": analysed, "parsed": parsed_first, "same": first ==
                   F.kernel_fingerprint(fpmod.kern.kernel)}}))
 '''
@@ -201,9 +201,30 @@ def test_a_serving_process_analyses_a_kernel_at_its_declaration(tmp_path: Path,
 def test_analyses_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A program that declares kernels without end does not keep every analysis: past the
     bound the memo starts over, and fingerprints stay what they were."""
-    from ctbuild import fingerprint as F
+    from ctbuild import fingerprint_source as F
     monkeypatch.setattr(F, "MAX_ANALYSED", 2)
     monkeypatch.setattr(F, "_ANALYSED", {})
     first = fp(tmp_path, BASE)
     assert len(F._ANALYSED) <= 2  # kern, helper and inner were analysed: it started over
     assert fp(tmp_path, BASE) == first
+
+
+def test_an_instance_reached_through_its_method_counts_by_its_state(tmp_path: Path) -> None:
+    """``CFG.apply(t)`` reads ``self.s``, which no name in the kernel shows: the instance's
+    state is recorded (a plain class, no dataclass, no stable repr)."""
+    src = ("class Cfg:\n    def __init__(self, s):\n        self.s = s\n\n"
+           "    def apply(self, t):\n        return t * self.s\n\n\n"
+           + BASE.replace("SCALE = 2.0", "CFG = Cfg(2.0)").replace("t * SCALE", "CFG.apply(t)"))
+    assert fp(tmp_path, src) != fp(tmp_path, src.replace("Cfg(2.0)", "Cfg(3.0)"))
+
+
+def test_what_the_walk_cannot_name_marks_the_kernel(tmp_path: Path) -> None:
+    """An environment variable chosen at run time cannot be named: the kernel is marked, and
+    no memo can stand for what it reads (``complete`` false)."""
+    from ctbuild.fingerprint import kernel_identity
+    src = ("import os\nPREFIX = 'FP_'\n" + BASE).replace(
+        "return t * SCALE", "return t * ct.static_eval(float(os.environ[PREFIX + 'S']))")
+    _, marks = kernel_identity(load(tmp_path, src).kern)
+    assert marks is not None and not marks.complete and marks.state() is None
+    assert marks.note == "identity by TileIR: inner reads the environment (named at run time)"
+    assert kernel_identity(load(tmp_path, BASE).kern)[1] is None

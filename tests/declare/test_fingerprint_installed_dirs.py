@@ -1,7 +1,8 @@
 """A distribution installed into a PYTHONPATH directory (``pip install --target DIR``) is a
-library for the kernel fingerprint, like site-packages: a build whose cuda-tile lives in
-site-packages and a serving image whose cuda-tile lives in such a directory give the same keys.
-A project module beside it (no distribution owns it) is still followed."""
+library, like site-packages, and its tile helpers are followed by their code: an edit copied
+over it without a version bump changes the key (issue 37), the place it is installed in does
+not. A project module beside it (no distribution owns it) is followed too. cuTile itself is
+never followed, wherever it lives: its version is in the toolchain fingerprint."""
 from __future__ import annotations
 
 import importlib
@@ -46,9 +47,16 @@ def test_installed_distribution_is_a_library(tmp_path: Path, monkeypatch: pytest
     with monkeypatch.context() as m:
         one, lib, proj = _fingerprint(tmp_path / "a", "x * 2", installed, m)
     with monkeypatch.context() as m:
-        two, _, _ = _fingerprint(tmp_path / "b", "x * 3", installed, m)
+        moved, _, _ = _fingerprint(tmp_path / "elsewhere" / "b", "x * 2", installed, m)
+    with monkeypatch.context() as m:
+        two, _, _ = _fingerprint(tmp_path / "c", "x * 3", installed, m)
     assert not proj  # the project module beside it is followed either way
-    if installed:  # the installed library's code is the toolchain's business, not the key's
-        assert lib and one == two
-    else:  # the same package with no distribution owning it is the project's: an edit counts
-        assert not lib and one != two
+    assert lib is installed
+    assert one == moved and one != two  # by its code, not by where it is installed
+
+
+def test_cutile_is_never_followed() -> None:
+    import cuda.tile as ct
+
+    from ctbuild.fingerprint_libraries import installed_module
+    assert is_library_module("cuda.tile") and not installed_module(ct)

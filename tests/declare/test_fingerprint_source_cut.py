@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ctbuild import fingerprint as fp
+from ctbuild import fingerprint_source as fp
+from ctbuild.fingerprint_values import unwrap
 
 LAYOUTS = '''
 import functools
@@ -127,7 +128,7 @@ def test_lambda_and_examples_keep_inspects_tree(tmp_path: Path) -> None:
     assert fp._quick_tree(lam) is None
     import gpu_runtime_examples as ex
     for tuned in ex.load_examples().values():
-        func = fp._unwrap(tuned.kernel)
+        func = unwrap(tuned.kernel)
         tree = fp._quick_tree(func)
         assert tree is not None
         assert ast.dump(tree) == ast.dump(ast.parse(textwrap.dedent(inspect.getsource(func))))

@@ -83,7 +83,7 @@ def test_read_only_cache_serves_lookups(store: Store) -> None:
     assert res.config == cfg and res.config_from == "cache" and res.cubin_from == "cache"
     assert ctx.source.lookup(tuned, cfg, sig, "sm_90") == (b"\x7fELF cubin", sig.symbol)
     # a JIT result is never written to a read-only cache
-    assert ctx.write_back.put(tuned, cfg, "z" * 32, b"x", sig.symbol, "sm_90") is False
+    assert ctx.write_back.put(tuned, cfg, "z" * 32, b"x", sig.symbol, "sm_90", sig, None) is False
 
 
 def test_sixteen_threads_build_one_served_kernel_per_config(store: Store) -> None:
@@ -160,14 +160,14 @@ import json, sys
 sys.path[:0] = [{root!r}, {examples!r}]
 {torch}
 import ctbuild
-from ctbuild import fingerprint
+from ctbuild import fingerprint_source
 from ctbuild.serve import layout_guard
 before = "ctbuild.serve.kernel_runtime" in sys.modules
 from demo_kernels.rmsnorm import rmsnorm
 print(json.dumps({{"before": before,
                   "serve": "ctbuild.serve.kernel_runtime" in sys.modules,
                   "guard": layout_guard.native_guard.cache_info().currsize,
-                  "analysed": len(fingerprint._ANALYSED)}}))
+                  "analysed": len(fingerprint_source._ANALYSED)}}))
 """
 
 
