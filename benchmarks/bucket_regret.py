@@ -1,4 +1,4 @@
-"""How good each `Dim` bucket's winner is at the sizes inside the bucket.
+"""How good each `Dim` bucket's winner is at the sizes the bucket serves.
 
     python benchmarks/bucket_regret.py --cache DIR [--threshold 3] [--json FILE]
     python benchmarks/bucket_regret.py --cache DIR --measure --config C [--config C ...]
@@ -10,16 +10,13 @@ Dims, each at 1/4 or 3/4 independently and all at 1/2), it asks the runtime what
 config against every candidate there and prints the served config's loss over the fastest:
 p50, p95 and max over all those sizes, per kernel and in total.
 
-``ctbuild tune`` times every bucket's winner and runners-up at the bucket's lower bound and
-geometric midpoints (interleaved, like the runoff) and keeps the winner's regret there in the
-tuning record: its time over the fastest contender's at that size, minus one. This prints, per
-kernel and bucket, the regret at each interior size, the p95 over all interior sizes, and names
-every bucket above the threshold with the split that would fix it: a bucket bound at the size
-where the regret is worst (``Dim(..., buckets=[...])``), so that size is tuned itself; this is
-where ``ctbuild tune --refine`` splits. After ``--refine`` it also prints the regret as
-served: a size a split point holds counts at its sub-bucket's winner (whose record times the
-regret inside the sub-bucket), the others at the bucket's. Run it on a cache tuned on a GPU,
-e.g. the one `benchmarks/tune_reproducibility.py --workdir DIR` leaves in DIR/a.
+Without ``--measure`` it reads what ``ctbuild tune`` recorded: every candidate raced at the
+sizes of each bucket (`ctbuild.tune.span`), the winner's loss there over the fastest. It prints,
+per kernel and bucket, the loss at each size, the p95 over all of them, the loss as served (a
+size a split point holds counts at its sub-bucket's winner, the others at the bucket's), and
+names every unsplit bucket above the threshold with the split that would fix it and why tune
+did not. Run it on a cache tuned on a GPU, e.g. the one
+`benchmarks/tune_reproducibility.py --workdir DIR` leaves in DIR/a.
 """
 from __future__ import annotations
 
@@ -56,7 +53,8 @@ def bucket_rows(cache: Path) -> list[dict[str, Any]]:
                      "bucket": regret.get("bucket"), "sizes": sizes,
                      "max_pct": regret.get("max_pct"), "worst": worst,
                      "problems": regret.get("problems", []),
-                     "splits": [sp["sizes"] for sp in refined.get("splits", [])]})
+                     "splits": [sp["sizes"] for sp in refined.get("splits", [])],
+                     "unsplit": regret.get("unsplit")})
     return sorted(rows, key=lambda r: (r["kernel"], sorted((r["bucket"] or {}).items())))
 
 
@@ -229,7 +227,8 @@ def main() -> int:
         split = worst["sizes"]
         print(f"above {args.threshold:g}%: {r['kernel']} bucket {json.dumps(r['bucket'])}: "
               f"{worst['regret_pct']:.2f}% at {json.dumps(worst['sizes'])} (fastest there "
-              f"{worst['fastest']}); split with a bucket bound at {json.dumps(split)}")
+              f"{worst['fastest']}); split with a bucket bound at {json.dumps(split)}"
+              + (f"; tune did not split it: {r['unsplit']}" if r.get("unsplit") else ""))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "p95_pct": percentile(every, 95),
                                          "served_p95_pct": percentile(served, 95)}, indent=1))
