@@ -155,10 +155,9 @@ def precompile(store: Any, kernels: list, arch: str = ARCH, workers: int | None 
             if "error" in res:
                 errors.append(f"{job.kernel} {job.config}: {res['error']}")
                 continue
-            store.put_compile(job.key, res["cubin"], symbol=res["symbol"], meta={
-                "kernel": job.kernel, "module": job.module, "kernel_fp": job.kernel_fp,
-                "arch": job.arch, "config": job.config, "workload": job.workload,
-                "toolchain": tc.fingerprint, "seconds": res["seconds"]})
+            # the compile's own meta: with the TileIR digest, without which tune's identity
+            # check rebuilds the entry (it cannot tell what code the CUBIN came from)
+            store.put_compile(job.key, res["cubin"], symbol=res["symbol"], meta=res["meta"])
     seconds = time.perf_counter() - start
     log(f"precompile: {len(plan.jobs)} jobs, {len(todo)} compiled in {seconds:.1f} s with "
         f"{n} processes, {len(errors)} errors")
