@@ -113,47 +113,50 @@ class Span:
         winner = choose(scores, order, default, TieBand(band.percent, ci_overlap=False)).winner
         return winner.config, worst[winner.config]
 
-    def along(self) -> tuple[str, list[int]]:
-        """The Dim that carries the loss and the sizes along it, smallest first (the upper
-        bound last): with several Dims, the one whose own sizes leave the largest smallest
-        worst loss."""
+    def lines(self) -> dict[str, list[int]]:
+        """Per Dim the sizes along it (the other Dims at their upper bound), smallest first,
+        the upper bound last."""
         top = self.sizes[self.top]
-        axes: dict[str, list[int]] = {}
+        axes: dict[str, list[int]] = {name: [] for name in sorted(top)}
         for i, s in enumerate(self.sizes):
             moved = [n for n in s if s[n] != top[n]]
             if len(moved) == 1:
-                axes.setdefault(moved[0], []).append(i)
-        if not axes:
-            return next(iter(top)), [self.top]
-
-        def carried(name: str) -> float:
-            return min(self.worst([*axes[name], self.top]).values(), default=0.0)
-        name = max(sorted(axes), key=carried)
-        return name, sorted(axes[name], key=lambda i: self.sizes[i][name]) + [self.top]
+                axes[moved[0]].append(i)
+        return {name: sorted(ix, key=lambda i: self.sizes[i][name]) + [self.top]
+                for name, ix in axes.items()}
 
     def split(self, order: Sequence[Config], default: Config | None, band: TieBand,
               limit: int) -> tuple[list[Group], str | None]:
         """The groups the bucket is served by, smallest first (one: unsplit), and why it is
-        not split further where its worst loss still exceeds the band (None: it does not)."""
+        not split further where its worst loss still exceeds the band (None: it does not).
+        With several Dims, the split along the Dim that leaves the smallest worst loss (then
+        the fewest groups)."""
         everything = list(range(len(self.sizes)))
         winner, worst = self.pick(everything, order, default, band)
         if worst * 100 <= band.percent:
             return [Group(everything, winner, worst)], None
         if limit == 0:
             return [Group(everything, winner, worst)], "splitting is off (--no-refine)"
-        name, line = self.along()
+        tries = [self._split_along(name, line, order, default, band, limit)
+                 for name, line in self.lines().items()]
+        groups, name, why = min(tries, key=lambda t: (max(g.worst_pct for g in t[0]),
+                                                      len(t[0])))
+        if why is None and max(g.worst_pct for g in groups) * 100 > band.percent:
+            why = (f"the loss left is off the Dim it was split along ({name}): a bucket is "
+                   "split along one Dim" if len(groups) > 1 else
+                   "no size can be served apart from the others along any Dim")
+        return groups, why
+
+    def _split_along(self, name: str, line: list[int], order: Sequence[Config],
+                     default: Config | None, band: TieBand, limit: int
+                     ) -> tuple[list[Group], str, str | None]:
+        """(the groups of a split along ``name``, the Dim, why not further: the limit)."""
         runs = self._runs(line, band)
         why = None
         if len(runs) - 1 > limit:
             runs = [sum(runs[:len(runs) - limit], []), *runs[len(runs) - limit:]]
             why = f"the split limit ({limit}) is reached"
-        groups = self._groups(runs, name, order, default, band)
-        worst_left = max(g.worst_pct for g in groups)
-        if why is None and worst_left * 100 > band.percent:
-            why = (f"the loss left is off the Dim it was split along ({name}): a bucket is "
-                   "split along one Dim" if len(groups) > 1 else
-                   f"no size along {name} can be served apart from the others")
-        return groups, why
+        return self._groups(runs, name, order, default, band), name, why
 
     def _runs(self, line: list[int], band: TieBand) -> list[list[int]]:
         """``line`` cut into runs from the top down: each run takes smaller sizes while one
