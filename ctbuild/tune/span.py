@@ -151,21 +151,29 @@ class Span:
                      default: Config | None, band: TieBand, limit: int
                      ) -> tuple[list[Group], str, str | None]:
         """(the groups of a split along ``name``, the Dim, why not further: the limit)."""
-        runs = self._runs(line, band)
+        runs = self._runs(line, name, band)
         why = None
         if len(runs) - 1 > limit:
             runs = [sum(runs[:len(runs) - limit], []), *runs[len(runs) - limit:]]
             why = f"the split limit ({limit}) is reached"
         return self._groups(runs, name, order, default, band), name, why
 
-    def _runs(self, line: list[int], band: TieBand) -> list[list[int]]:
+    def _runs(self, line: list[int], name: str, band: TieBand) -> list[list[int]]:
         """``line`` cut into runs from the top down: each run takes smaller sizes while one
-        config stays within the band over all of them."""
+        config stays within the band over all of them and the sizes off the line whose
+        ``name`` falls in the run's range (the corner, the middle: served by the same
+        sub-bucket)."""
+        off = [i for i in range(len(self.sizes)) if i not in line]
+
+        def held(lo: int, hi: int) -> list[int]:
+            floor = self.sizes[line[lo - 1]][name] if lo > 0 else -1
+            return line[lo:hi + 1] + [i for i in off if floor < self.sizes[i][name]
+                                      <= self.sizes[line[hi]][name]]
         runs: list[list[int]] = []
         hi = len(line) - 1
         while hi >= 0:
             lo = hi
-            while lo > 0 and min(self.worst(line[lo - 1:hi + 1]).values(),
+            while lo > 0 and min(self.worst(held(lo - 1, hi)).values(),
                                  default=1.0) * 100 <= band.percent:
                 lo -= 1
             runs.insert(0, line[lo:hi + 1])

@@ -212,3 +212,19 @@ def test_a_dropped_candidate_stays_on_the_survivors_clock():
         assert set(result.dropped) >= {cfg(256), cfg(512)}
         assert ts[cfg(256)] / ts[cfg(64)] == pytest.approx(1.12, rel=0.015)
         assert ts[cfg(512)] / ts[cfg(64)] == pytest.approx(1.40, rel=0.05)  # one round
+
+
+def test_a_split_along_a_dim_weighs_the_sizes_off_its_line():
+    """Along S one config is good everywhere, but the corner (B and S at their lower bounds)
+    wants another: the sub-bucket of the small S holds the corner, so S is split there."""
+    two = Workload({"X": Tensor((Dim("B", 1, 8), Dim("S", 16, 8192), 64), "float16")})
+    [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
+    span = _span(b, {"B=1,S=8192": {64: 10, 256: 12},
+                     "B=8,S=16": {64: 10, 256: 10},
+                     "B=8,S=91": {64: 10, 256: 11},
+                     "B=1,S=16": {64: 12, 256: 10},
+                     "B=8,S=8192": {64: 100, 256: 120}})
+    groups, why = span.split([cfg(64), cfg(256)], None, TieBand(2.0), limit=2)
+    assert [(g.winner, g.point) for g in groups] == [(cfg(256), {"B": 8, "S": 16}),
+                                                    (cfg(64), None)]
+    assert why is None
