@@ -16,7 +16,8 @@ def add_identity_args(cache_parser: argparse.ArgumentParser) -> None:
     verify.add_argument("--identity", action="store_true",
                         help="instead: re-run cuTile's front end for each entry of the project's "
                              "kernels and check its TileIR digest matches the recorded one "
-                             "(exit 1 naming the kernel on a mismatch; needs tileiras)")
+                             "(exit 1 naming the kernel on a mismatch, or on an entry it cannot "
+                             "check: no digest or workload recorded; needs tileiras)")
     verify.add_argument("--config", metavar="PATH",
                         help="with --identity: the project config (default: found in the "
                              "current directory)")
