@@ -216,15 +216,17 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
 
 def key_clash(tuned: TunedKernel, span: Span, groups: Sequence[Group]) -> str | None:
     """Why a split cannot be recorded (None: it can): a split point whose tuning key is a
-    declared workload's (a key function that buckets this Dim, e.g. pow2) would overwrite
-    that workload's record."""
-    declared = {repr(tuned.tuning_key(w)) for w in tuned.workloads}
+    declared workload's, or another split point's (a key function that buckets this Dim, e.g.
+    pow2), would overwrite that record."""
+    taken = {repr(tuned.tuning_key(w)) for w in tuned.workloads}
     for g in groups[:-1]:
         assert g.point is not None
-        if repr(tuned.tuning_key(concretize(span.bucket.declared, g.point))) in declared:
+        key = repr(tuned.tuning_key(concretize(span.bucket.declared, g.point)))
+        if key in taken:
             return (f"the kernel's tuning key gives the split point {g.point} the key of a "
-                    "declared workload: a split needs a key that tells the sizes apart (no "
-                    "pow2 bucketing of this Dim)")
+                    "declared workload or of another split: a split needs a key that tells the "
+                    "sizes apart (no pow2 bucketing of this Dim)")
+        taken.add(key)
     return None
 
 

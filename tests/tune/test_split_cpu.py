@@ -155,3 +155,29 @@ def test_a_kernels_own_max_splits_wins_over_refine_and_no_refine_over_both() -> 
     assert TuneOptions().settings(own).max_splits == 4
     assert TuneOptions(refine=1).settings(SimpleNamespace(max_splits=None)).max_splits == 1
     assert TuneOptions(refine=0).settings(own).max_splits == 0  # --no-refine
+
+
+def test_a_key_that_cannot_tell_split_points_apart_leaves_the_bucket_unsplit(
+        runtime_store, monkeypatch) -> None:
+    """A pow2 tuning key gives N=129..256 one key: a split there would overwrite the bucket's
+    own record, so the bucket stays whole and its record says why."""
+    import ctbuild
+    from ctbuild import Dim, Tensor
+    from ctbuild.tune.tuner import Device, tune_workload
+    pow2 = ctbuild.autotune(space={"TILE": [16, 32]}, grid=lambda cfg, w: (1,),
+                            key=ctbuild.key(bucket={"X": {0: ctbuild.pow2}}),
+                            workloads=[{"X": Tensor((Dim("N", 1, 256, buckets=[256]),),
+                                                    "float32")}],
+                            name="split_pow2")(split_limit)
+    [w] = pow2.workloads
+
+    def seconds(cfg, n):  # TILE=16 10% faster below 200, 10% slower above
+        return 10.0 * (1.0 if (cfg.TILE == 16) == (n < 200) else 1.1)
+
+    _fake_measurement(monkeypatch, seconds)
+    _prime(runtime_store, pow2, w)
+    rec = tune_workload(pow2, w, store=runtime_store, toolchain_fp=RUNTIME_TOOLCHAIN,
+                        device=Device(0, "sm_90", GPU, "580.0"), stream=_Stream(),
+                        input_device="cpu", timeout_s=None)
+    assert rec.refined["splits"] == []
+    assert "tuning key gives the split point" in rec.regret["unsplit"], rec.regret
