@@ -137,7 +137,7 @@ def _compile_one(job: dict[str, Any]) -> dict[str, Any]:
 def precompile(store: Any, kernels: list, arch: str = ARCH, workers: int | None = None,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Plan every kernel x declared workload for ``arch`` and compile the missing CUBINs in a
-    local process pool (fork; call before CUDA is initialised in this process)."""
+    local process pool (fork, or spawn once CUDA is initialised in this process)."""
     from ctbuild.arch import Arch
     from ctbuild.compile.plan import make_plan
     from ctbuild.toolchain import probe
@@ -148,7 +148,11 @@ def precompile(store: Any, kernels: list, arch: str = ARCH, workers: int | None 
     start = time.perf_counter()
     errors = []
     n = workers or min(16, os.cpu_count() or 4)
-    ctx = mp.get_context("fork")
+    # fork only before CUDA starts here: a test module run after another that used the GPU
+    # forked a CUDA process, and that pytest process crashed at exit
+    torch = sys.modules.get("torch")
+    ctx = mp.get_context("spawn" if torch is not None and torch.cuda.is_initialized()
+                         else "fork")
     with ctx.Pool(n) as pool:
         for res in pool.imap_unordered(_compile_one, [j.to_json() for j in todo]):
             job = plan.jobs[res["key"]]
