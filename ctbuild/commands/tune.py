@@ -51,18 +51,19 @@ candidate sits at the band's edge. The record keeps the ties, every finalist's t
 rule that chose.
 
 A dynamic workload (ctbuild.Dim) is tuned once per bucket, for every size the bucket serves:
-every candidate races again at the bucket's lower bound and geometric midpoints (along each
-Dim), and the winner is the config whose worst loss over those sizes and the upper bound is
-smallest (ties by the same rule). Where no config is within the band at every size, the bucket
-is split along the Dim that carries the loss, at most --refine N times (default 3; a kernel's
+every candidate races again at the bucket's lower bound, powers of two and one above each,
+and midpoints (along each Dim), and the winner is the config whose worst loss over those sizes
+and the upper bound is smallest (ties by the same rule). Where no config is within the band at
+every size, the bucket is split along the Dim that leaves the least loss, at most --refine N
+times (default 3; a kernel's
 max_splits= sets its own; --no-refine: never): each sub-bucket's winner is recorded under its
 split point's own key and served for the sizes up to it. A bucket left unsplit with a loss
 above the band says why, on its line, in its record and in the report.
 
 Tuned entries are skipped unless --retune. Workloads added by `ctbuild precompile
 --from-record` (found in the cache) are tuned too. Exit 0 when every kernel x workload got a
-record (with --verify: every recorded winner still ties with the fastest), 1 when some did not
-, 2 on bad input.
+record (with --verify: every recorded winner still ties with the fastest), 1 when some did
+not, 2 on bad input.
 """
 
 
