@@ -44,17 +44,22 @@ DEFAULT_CONFIGS = [ROOT / "benchmarks" / "kernels" / "tune_all.toml"]
 
 def precompile_all(cache: Path, configs: list[Path], arch: str) -> None:
     """Every planned candidate of every project for ``arch``, in a local pool (fork, before
-    CUDA is initialised in this process)."""
+    CUDA is initialised in this process), then the TileIR identity check ``ctbuild precompile``
+    runs, whose memo in the cache spares ``ctbuild tune`` the same check, as after a real
+    build."""
     from gpu_runtime_examples import precompile
 
     from ctbuild.cache import Store
+    from ctbuild.commands.tune import check_identity
     from ctbuild.project import load_project
     store = Store(cache)
     for config in configs:
-        project = load_project(config)
+        project = load_project(config, cache_dir=str(cache))
         for p in project.paths:
             sys.path.insert(0, str(p))
-        precompile(store, project.kernels(), arch=arch)
+        kernels = project.kernels()
+        fp = precompile(store, kernels, arch=arch)["toolchain"]
+        check_identity(project, kernels, arch, fp, {}, None)
 
 
 def tune(config: Path, cache: Path, *flags: str) -> tuple[float, dict[str, Any]]:
