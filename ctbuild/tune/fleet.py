@@ -179,10 +179,10 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
                                                                                  screened)]}
     if len(run.gpus) > 1:
         start = time.perf_counter()
-        report["finals_keys"] = sum(
-            results.get(e.index, {}).get("status") == "tuned"
-            and undecided(TuningRecord.from_json(results[e.index]["record"])) for e in entries)
-        report["slow_gpus"] = finals(run, entries, results, store, device, fp)
+        open_keys = [e for e in entries if results.get(e.index, {}).get("status") == "tuned"
+                     and undecided(TuningRecord.from_json(results[e.index]["record"]))]
+        report["finals_keys"] = len(open_keys)
+        report["slow_gpus"] = finals(run, open_keys, results, store, device, fp)
         report["finals_wall_s"] = round(time.perf_counter() - start, 3)
     return [results[e.index] for e in entries if e.index in results], report
 
@@ -195,12 +195,11 @@ def lane_summary(gpu: int, lane: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"gpu": gpu, "entries": len(lane), "measure_s": round(measured, 3)}
 
 
-def finals(run: FleetRun, entries: Sequence[Entry], results: dict[int, dict[str, Any]],
+def finals(run: FleetRun, tuned: Sequence[Entry], results: dict[int, dict[str, Any]],
            store: Store, device: Device, fp: str) -> list[dict[str, Any]]:
-    """Every GPU re-measures every tuned entry's finalists; the fleet median decides. Rewrites
-    the records and summaries; returns the GPUs slower than the fleet by `SLOW_GPU_RATIO`."""
-    tuned = [e for e in entries if results.get(e.index, {}).get("status") == "tuned"
-             and undecided(TuningRecord.from_json(results[e.index]["record"]))]
+    """Every GPU re-measures the finalists of the ``tuned`` entries (those `undecided`); the
+    fleet median decides. Rewrites their records and summaries; returns the GPUs slower than
+    the fleet by `SLOW_GPU_RATIO`."""
     if not tuned:
         return []
     payload = {e.index: contenders(TuningRecord.from_json(results[e.index]["record"]))

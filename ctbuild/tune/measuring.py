@@ -364,9 +364,9 @@ def gate(tuned: TunedKernel, bench: Bench, screened: list[Timing], default: Conf
     if problem is not None:
         check.restore()
         return screened, [], {"reference": None, "note": problem}
-    wrong = {t.config: why for t in screened
-             if (why := None if t.config == default and tuned.check is None
-                 else check.verdict(t.config)) is not None}
+    # the default is its own reference, unless a check= reference judged it above
+    judged = [t.config for t in screened if tuned.check is not None or t.config != default]
+    wrong = {c: why for c in judged if (why := check.verdict(c)) is not None}
     check.restore()
     return [t for t in screened if t.config not in wrong], \
         [{"config": c.to_json(), "error": why} for c, why in wrong.items()], \

@@ -204,10 +204,12 @@ class Span:
         groups[-1].point = None
         return groups
 
-    def regret_json(self, group: Group, bucket: dict[str, int]) -> dict[str, Any]:
+    def regret_json(self, group: Group, bucket: dict[str, int], unsplit: str | None = None
+                    ) -> dict[str, Any]:
         """The record's ``regret`` entry of a group's winner: its loss at each of the group's
-        sizes (its own point, where it was chosen, included), the worst, and every config's
-        worst loss over those sizes (what the choice was made on)."""
+        sizes (its own point, where it was chosen, included), the worst, every config's worst
+        loss over those sizes (what the choice was made on), and why the bucket was not split
+        further (``unsplit``)."""
         rows: list[dict[str, Any]] = []
         for i in group.members:
             if group.winner not in self.times[i]:
@@ -222,6 +224,7 @@ class Span:
         return {"bucket": bucket, "lower": self.bucket.lower_bounds(), "sizes": rows,
                 "max_pct": max((r["regret_pct"] for r in rows), default=None),
                 "worst": [{"config": c, "worst_pct": round(100 * w, 3)} for w, c in worst],
+                "worst_pct": round(100 * group.worst_pct, 3), "unsplit": unsplit,
                 "problems": list(self.problems)}
 
     def as_split(self, group: Group, served: Config) -> Split:

@@ -30,7 +30,6 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
-import math
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -298,7 +297,7 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str, m:
         config=winner.config.to_json() if winner is not None else None,
         compile_key=plan.keys.get(winner.config) if winner is not None else None,
         mean_us=winner.mean_us if winner is not None else None,
-        ci_us=finite(winner.ci_us) if winner is not None else None,
+        ci_us=winner.ci_us if winner is not None else None,
         default={"config": plan.default.to_json(), "mean_us": dflt.mean_us if dflt else None,
                  "ci_us": dflt.ci_us if dflt else None},
         candidates=[t.to_json() for t in sorted(m.screened, key=lambda t: t.mean_us)],
@@ -311,10 +310,8 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str, m:
             "ties": [t.to_json() for t in choice.ties]},
         runoff=None if decision is None or decision.runoff is None else {
             **decision.runoff.to_json(), "budget": settings.budget.to_json()},
-        regret=None if m.span is None or top is None else {
-            **m.span.regret_json(top, m.span.bucket.to_json()),
-            "unsplit": m.unsplit,
-            "worst_pct": round(100 * top.worst_pct, 3)},
+        regret=None if m.span is None or top is None else m.span.regret_json(
+            top, m.span.bucket.to_json(), m.unsplit),
         refined=None if m.span is None else refined_json(
             [m.span.as_split(g, top.winner) for g in m.groups[:-1]] if top else [],
             settings.max_splits),
@@ -322,11 +319,6 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str, m:
         measure_seconds=round(m.seconds, 3), seconds=round(seconds, 3),
         phase_seconds={k: round(v, 3) for k, v in m.phases.items()},
         source="online" if real else "workload", tuned_at=_now())
-
-
-def finite(ci: float) -> float | None:
-    """A CI for JSON: None where one round gave none (infinite)."""
-    return ci if math.isfinite(ci) else None
 
 
 def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str,
@@ -345,7 +337,7 @@ def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: st
             workload={n: spec_to_json(v) for n, v in spec.items()},
             config=g.winner.to_json(),
             compile_key=job_for(tuned, g.winner, spec, device.arch, fp).key,
-            mean_us=win.mean_us, ci_us=finite(win.ci_us),
+            mean_us=win.mean_us, ci_us=win.ci_us,
             default={"config": plan.default.to_json(),
                      "mean_us": at[plan.default].mean_us if plan.default in at else None,
                      "ci_us": at[plan.default].ci_us if plan.default in at else None},
@@ -353,8 +345,7 @@ def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: st
             choice={"rule": RULE_SPAN, "band": parent.choice["band"] if parent.choice else None,
                     "fastest": min(at.values(), key=lambda t: t.mean_us).config.to_json(),
                     "ties": []},
-            runoff=None, regret={**m.span.regret_json(g, g.point), "unsplit": None,
-                                 "worst_pct": round(100 * g.worst_pct, 3)},
+            runoff=None, regret=m.span.regret_json(g, g.point),
             refined=None, source="split", phase_seconds={}, measure_seconds=None,
             seconds=None)
 
