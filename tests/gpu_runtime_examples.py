@@ -199,6 +199,17 @@ def build_cache(path: str | Path, log: Callable[[str], None] = print) -> dict[st
     return {"precompile": pre, "tune": tuned}
 
 
+def warm_examples_cache(new_dir: Callable[[], Path]) -> Path:
+    """The examples' warm cache a GPU test serves from: ``CTBUILD_TEST_CACHE`` where it names
+    one, else one built (`build_cache`) under ``new_dir()`` (a minute or two)."""
+    given = os.environ.get("CTBUILD_TEST_CACHE")
+    if given and Path(given, "ctbuild-cache.json").exists():
+        return Path(given)
+    path = new_dir() / "cache"
+    build_cache(path)
+    return path
+
+
 # ---- making tileiras unreachable -------------------------------------------------------------
 def hide_tileiras() -> None:
     """Make cuTile unable to find tileiras in this process (PATH stripped, finder raising)."""

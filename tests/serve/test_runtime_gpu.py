@@ -8,7 +8,6 @@ process pool + tune: a minute or two). Skipped without CUDA.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -24,10 +23,10 @@ import cuda.tile as ct  # noqa: E402
 from gpu_runtime_examples import (  # noqa: E402
     BETWEEN_BUCKETS,
     between_buckets_case,
-    build_cache,
     check,
     gpu_case,
     load_examples,
+    warm_examples_cache,
 )
 
 import ctbuild  # noqa: E402
@@ -55,12 +54,7 @@ def rt_test_accumulate(X, OUT, TILE: ct.Constant[int]):
 
 @pytest.fixture(scope="module")
 def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    given = os.environ.get("CTBUILD_TEST_CACHE")
-    if given and Path(given, "ctbuild-cache.json").exists():
-        return Path(given)
-    path = tmp_path_factory.mktemp("warm") / "cache"
-    build_cache(path)
-    return path
+    return warm_examples_cache(lambda: tmp_path_factory.mktemp("warm"))
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ tests/serve/test_runtime_gpu.py does: a minute or two). Skipped without CUDA.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from gpu_runtime_examples import build_cache, load_examples  # noqa: E402
+from gpu_runtime_examples import load_examples, warm_examples_cache  # noqa: E402
 
 from ctbuild import runtime  # noqa: E402
 
@@ -34,12 +33,7 @@ ROWS, WIDTH, EPS = 8192, 2048, 1e-6
 
 @pytest.fixture(scope="module")
 def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    given = os.environ.get("CTBUILD_TEST_CACHE")
-    if given and Path(given, "ctbuild-cache.json").exists():
-        return Path(given)
-    path = tmp_path_factory.mktemp("warm") / "cache"
-    build_cache(path)
-    return path
+    return warm_examples_cache(lambda: tmp_path_factory.mktemp("warm"))
 
 
 @pytest.fixture(autouse=True)
