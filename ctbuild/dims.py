@@ -10,12 +10,11 @@ between is decided by `ctbuild.signature_classes`.
 from __future__ import annotations
 
 import itertools
-import operator
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from .keys import pow2
-from .specs import Tensor, Workload
+from .specs import Tensor, Workload, whole_number
 
 #: The largest size any cuTile index can hold (an int64 index: ``ct.IndexedWithInt64``);
 #: without that annotation sizes above 2**31 - 1 fail at launch, and grids are checked at plan.
@@ -23,14 +22,12 @@ MAX_INDEX = 2**63 - 1
 
 
 def _size(dim: str, what: str, value: Any) -> int:
-    """A whole number of elements: an int (numpy's too); a bool, float or string is a typo."""
-    try:
-        if isinstance(value, (bool, float, str, bytes)):
-            raise TypeError
-        return int(operator.index(value))
-    except TypeError:
+    """A whole number of elements (`whole_number`), else the error naming the Dim."""
+    n = whole_number(value)
+    if n is None:
         raise ValueError(f"Dim {dim!r}: {what} must be an int, got {value!r} "
-                         f"({type(value).__name__})") from None
+                         f"({type(value).__name__})")
+    return n
 
 
 @dataclass(frozen=True)

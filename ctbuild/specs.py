@@ -44,16 +44,25 @@ def _is_dim(value: Any) -> bool:
     return getattr(value, "_ctbuild_dim", False) is True
 
 
-def _whole(value: Any, what: str, within: Any) -> int:
-    """A size or stride as an int (numpy's too); a float, bool or string is a mistake that
-    ``int()`` would hide (1024.5 became 1024: a workload no call has)."""
+def whole_number(value: Any) -> int | None:
+    """``value`` as an int (numpy's too), None for anything else: a float, bool or string in a
+    size is a mistake that ``int()`` would hide (1024.5 became 1024: a workload no call has).
+    Tensor sizes and strides and `ctbuild.Dim` bounds are read through it."""
+    if isinstance(value, (bool, float, str, bytes)):
+        return None
     try:
-        if isinstance(value, (bool, float, str, bytes)):
-            raise TypeError
         return int(operator.index(value))
     except TypeError:
+        return None
+
+
+def _whole(value: Any, what: str, within: Any) -> int:
+    """A size or stride of a `Tensor` (`whole_number`), else the error naming it."""
+    n = whole_number(value)
+    if n is None:
         raise ValueError(f"Tensor {what} {value!r} in {tuple(within)!r} is not a whole number; "
-                         f"give an int (or a ctbuild.Dim)") from None
+                         f"give an int (or a ctbuild.Dim)")
+    return n
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
