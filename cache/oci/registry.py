@@ -228,8 +228,9 @@ class _Response:
                              "retry; nothing was written") from None
 
 
-class _HTTPHandler(urllib.request.HTTPHandler):
-    """urllib's http handler, each connection's socket registered with the deadline."""
+class _UnderDeadline(urllib.request.AbstractHTTPHandler):
+    """A urllib handler whose every connection's socket is registered with the deadline (mixed
+    into the http and the https handler)."""
 
     def __init__(self, deadline: Deadline) -> None:
         super().__init__()
@@ -239,12 +240,9 @@ class _HTTPHandler(urllib.request.HTTPHandler):
         return super().do_open(self.deadline.connection(http_class), req, **kwargs)
 
 
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    """urllib's https handler, each connection's socket registered with the deadline."""
+class _HTTPHandler(_UnderDeadline, urllib.request.HTTPHandler):
+    pass
 
-    def __init__(self, deadline: Deadline) -> None:
-        super().__init__()
-        self.deadline = deadline
 
-    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
-        return super().do_open(self.deadline.connection(http_class), req, **kwargs)
+class _HTTPSHandler(_UnderDeadline, urllib.request.HTTPSHandler):
+    pass
