@@ -93,13 +93,15 @@ def estimated_work(entry: Entry, arch: str, cap: int, store: Store | None = None
 
 def split(entries: Sequence[Entry], lanes: int, work: Callable[[Entry], float]
           ) -> list[list[Entry]]:
-    """Longest first, each entry to the lane with the least work so far."""
+    """Longest first, each entry to the lane with the least work so far (``work`` asked once
+    an entry: it may read the entry's record)."""
     shares: list[list[Entry]] = [[] for _ in range(lanes)]
     load = [0.0] * lanes
-    for e in sorted(entries, key=work, reverse=True):
+    costs = sorted(((work(e), e) for e in entries), key=lambda ce: ce[0], reverse=True)
+    for cost, e in costs:
         i = min(range(lanes), key=lambda j: (load[j], j))
         shares[i].append(e)
-        load[i] += work(e)
+        load[i] += cost
     return shares
 
 
