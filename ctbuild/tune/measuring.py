@@ -214,16 +214,16 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
     return Span(bucket, [*sizes, dict(bucket.sizes)], [*times, top], problems), failures
 
 
-def key_clash(tuned: TunedKernel, span: Span, groups: Sequence[Group]) -> str | None:
-    """Why a split cannot be recorded (None: it can): a split point whose tuning key is a
-    declared workload's, or another split point's (a key function that buckets this Dim, e.g.
-    pow2), would overwrite that record."""
+def key_clash(tuned: TunedKernel, bucket: Bucket, points: Sequence[dict[str, int]]
+              ) -> str | None:
+    """Why a split of ``bucket`` at ``points`` cannot be recorded (None: it can): a split
+    point whose tuning key is a declared workload's, or another split point's (a key function
+    that buckets this Dim, e.g. pow2), would overwrite that record."""
     taken = {repr(tuned.tuning_key(w)) for w in tuned.workloads}
-    for g in groups[:-1]:
-        assert g.point is not None
-        key = repr(tuned.tuning_key(concretize(span.bucket.declared, g.point)))
+    for point in points:
+        key = repr(tuned.tuning_key(concretize(bucket.declared, point)))
         if key in taken:
-            return (f"the kernel's tuning key gives the split point {g.point} the key of a "
+            return (f"the kernel's tuning key gives the split point {point} the key of a "
                     "declared workload or of another split: a split needs a key that tells the "
                     "sizes apart (no pow2 bucketing of this Dim)")
         taken.add(key)
@@ -330,13 +330,9 @@ def measure(tuned: TunedKernel, plan: CandidatePlan, bench: Bench, benches: Benc
         m.span, span_failed = measure_span(bucket, contenders, top,
                                            lambda cw: benches.on_spec(cw).sample, settings.band)
         m.failed += span_failed
-        m.groups, m.unsplit = m.span.split(plan.space, plan.default, settings.band,
-                                           settings.max_splits)
-        if len(m.groups) > 1 and (clash := key_clash(tuned, m.span, m.groups)):
-            everything = [i for g in m.groups for i in g.members]
-            m.groups = [Group(everything, *m.span.pick(everything, plan.space, plan.default,
-                                                       settings.band))]
-            m.unsplit = clash
+        m.groups, m.unsplit = m.span.split(
+            plan.space, plan.default, settings.band, settings.max_splits,
+            refuse=lambda points: key_clash(tuned, bucket, points))
         m.phases["span"] = time.perf_counter() - t
     winner = m.winner
     assert winner is not None

@@ -20,7 +20,7 @@ tuning key, from the times already measured: nothing is measured twice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..bucket_map import Split
 from ..dims import Bucket
@@ -126,19 +126,26 @@ class Span:
                 for name, ix in axes.items()}
 
     def split(self, order: Sequence[Config], default: Config | None, band: TieBand,
-              limit: int) -> tuple[list[Group], str | None]:
+              limit: int, refuse: Callable[[list[dict[str, int]]], str | None] | None = None
+              ) -> tuple[list[Group], str | None]:
         """The groups the bucket is served by, smallest first (one: unsplit), and why it is
         not split further where its worst loss still exceeds the band (None: it does not).
         With several Dims, the split along the Dim that leaves the smallest worst loss (then
-        the fewest groups)."""
+        the fewest groups). ``refuse(points)``: why a split at these points cannot be
+        recorded (None: it can); a refused split leaves the bucket whole, for that reason."""
         everything = list(range(len(self.sizes)))
         winner, worst = self.pick(everything, order, default, band)
+        whole = Group(everything, winner, worst)
         if worst * 100 <= band.percent:
-            return [Group(everything, winner, worst)], None
+            return [whole], None
         if limit == 0:
-            return [Group(everything, winner, worst)], "splitting is off (--no-refine)"
+            return [whole], "splitting is off (--no-refine)"
         tries = [self._split_along(name, line, order, default, band, limit)
                  for name, line in self.lines().items()]
+        if refuse is not None:
+            tries = [([whole], name, no) if len(groups) > 1 and
+                     (no := refuse([g.point for g in groups[:-1] if g.point])) else
+                     (groups, name, why) for groups, name, why in tries]
         groups, name, why = min(tries, key=lambda t: (max(g.worst_pct for g in t[0]),
                                                       len(t[0])))
         if why is None and max(g.worst_pct for g in groups) * 100 > band.percent:

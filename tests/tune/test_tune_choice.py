@@ -228,3 +228,25 @@ def test_a_split_along_a_dim_weighs_the_sizes_off_its_line():
     assert [(g.winner, g.point) for g in groups] == [(cfg(256), {"B": 8, "S": 16}),
                                                     (cfg(64), None)]
     assert why is None
+
+
+def test_a_refused_split_leaves_the_bucket_whole_or_takes_another_dim():
+    """``refuse`` (the tuner's: the split points' tuning keys would clash) judges each Dim's
+    split: a refused one is not taken, another Dim's is; where every one is refused the bucket
+    stays whole and says why. Here only the corner wants TILE=256: splitting along either Dim
+    serves it apart."""
+    two = Workload({"X": Tensor((Dim("B", 1, 8), Dim("S", 16, 8192), 64), "float16")})
+    [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
+    span = _span(b, {"B=1,S=8192": {64: 10, 256: 10},
+                     "B=8,S=16": {64: 10, 256: 10},
+                     "B=1,S=16": {64: 13, 256: 10},
+                     "B=8,S=8192": {64: 100, 256: 130}})
+    order, band = [cfg(64), cfg(256)], TieBand(2.0)
+
+    def split(refuse=None):
+        groups, why = span.split(order, None, band, limit=2, refuse=refuse)
+        return [(g.winner, g.point) for g in groups], why
+    assert split() == ([(cfg(256), {"B": 1, "S": 8192}), (cfg(64), None)], None)
+    assert split(lambda pts: "B" if any(p["B"] < 8 for p in pts) else None) == \
+        ([(cfg(256), {"B": 8, "S": 16}), (cfg(64), None)], None)
+    assert split(lambda pts: "keys clash") == ([(cfg(64), None)], "keys clash")
