@@ -19,6 +19,7 @@ tuning key, from the times already measured: nothing is measured twice.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -37,7 +38,6 @@ def dim_points(lo: int, hi: int, most: int = MAX_PER_DIM[0]) -> list[int]:
     and the size one above each, where a power-of-two tile goes from filled exactly to almost
     half empty (at most ``(most - 1) // 2`` of them, spread on a log scale); then geometric
     midpoints of the widest gaps, up to ``most`` sizes."""
-    import math
     ks = [k for k in range(hi.bit_length()) if lo < 2 ** k < hi]
     n = (most - 1) // 2
     if len(ks) > n:  # spread on the log scale above the lower bound, the largest kept
