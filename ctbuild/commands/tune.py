@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..bucket_map import MAX_SPLITS
 from ..tune.choice import TieBand, TieBandError
+from ..tune.span import DEFAULT_SPLITS
 from .common import (
     add_project_args,
     fail,
@@ -97,9 +98,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--verify", action="store_true",
                    help="re-measure the recorded winners against their ties and finalists on "
                         "this GPU and report drift; rewrites nothing")
-    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count, const=3, default=None,
+    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count, const=DEFAULT_SPLITS, default=None,
                    help="split a Dim bucket at most N times where no config is within the tie "
-                        f"band at all its sizes (default: 3; 1 to {MAX_SPLITS}; a kernel's "
+                        f"band at all its sizes (default: {DEFAULT_SPLITS}; 1 to {MAX_SPLITS}; a kernel's "
                         "max_splits= sets its own)")
     p.add_argument("--no-refine", action="store_true",
                    help="never split a Dim bucket: one winner for all its sizes")
@@ -251,7 +252,7 @@ def tune_options(args: argparse.Namespace, project: Any) -> TuneOptions:
                        timeout_s=args.timeout, cap=project.cap,
                        paths=[str(p) for p in project.paths], workers=args.workers,
                        tie_band=args.tie_band.percent,
-                       refine=0 if args.no_refine else args.refine or 3)
+                       refine=0 if args.no_refine else args.refine or DEFAULT_SPLITS)
 
 
 def _printer(quiet: bool) -> Callable[[dict[str, Any]], None]:

@@ -30,7 +30,7 @@ from .check import OutputCheck
 from .choice import Choice, TieBand, Timing, choose
 from .inputs import make_inputs
 from .race import FINALS_BUDGET, SPAN_BUDGET, RaceBudget, RaceResult, finalists, race
-from .span import Group, Span, span_sizes
+from .span import DEFAULT_SPLITS, Group, Span, span_sizes
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store
@@ -200,8 +200,9 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
                  ) -> tuple[Span, list[dict[str, Any]]]:
     """Race ``contenders`` at each of the bucket's other sizes: (the span, the candidates that
     failed at a size: failures of the key, naming the size)."""
-    sizes, times, problems, failures = [], [], [], []
+    sizes, times, races, problems, failures = [], [], [], [], []
     for size in span_sizes(bucket):
+        started = time.perf_counter()
         result = race(contenders, timer_for(concretize(bucket.declared, size)), band,
                       SPAN_BUDGET) if len(contenders) > 1 else None
         if result is None or not result.timings:
@@ -211,7 +212,10 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
                      for c, why in result.failures]
         sizes.append(size)
         times.append({t.config: t for t in result.timings})
-    return Span(bucket, [*sizes, dict(bucket.sizes)], [*times, top], problems), failures
+        races.append({"raced": len(contenders), "rounds": result.rounds,
+                      "stopped": result.stopped,
+                      "seconds": round(time.perf_counter() - started, 4)})
+    return Span(bucket, [*sizes, dict(bucket.sizes)], [*times, top], problems, races), failures
 
 
 def key_clash(tuned: TunedKernel, bucket: Bucket, points: Sequence[dict[str, int]]
@@ -275,7 +279,7 @@ class TuneSettings:
     band: TieBand = field(default_factory=TieBand)
     budget: RaceBudget = FINALS_BUDGET
     span: bool = True
-    max_splits: int = 2
+    max_splits: int = DEFAULT_SPLITS
 
 
 @dataclass

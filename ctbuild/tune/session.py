@@ -29,6 +29,7 @@ from ..toolchain import toolchain_for
 from .choice import DEFAULT_BAND_PERCENT, TieBand
 from .race import SPAN_BUDGET
 from .recorded import recorded_workloads
+from .span import DEFAULT_SPLITS
 from .tuner import Device, TuneSettings, context_ok, current_device, record_key, tune_workload
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class TuneOptions:
     #: ``--refine N``: split a Dim bucket at most N times where no config is within the band
     #: at all its sizes (`ctbuild.tune.span`); 0 (``--no-refine``): never; a kernel's own
     #: ``max_splits=`` wins
-    refine: int = 3
+    refine: int = DEFAULT_SPLITS
 
     def settings(self, kernel: TunedKernel | None = None) -> TuneSettings:
         own = getattr(kernel, "max_splits", None)

@@ -12,10 +12,10 @@ candidate's loss is its time when dropped.
 The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
 the band of the smallest) go to the default config, else the first in space order
 (`ctbuild.tune.choice`). Where even that worst loss exceeds the band, the bucket is split along
-the Dim whose sizes carry the loss (`Span.split`): from the top down, each sub-bucket takes the
-smaller sizes while one config stays within the band over all of them. A sub-bucket's upper
-corner is its split point (`ctbuild.bucket_map`); its winner is recorded under the point's own
-tuning key, from the times already measured: nothing is measured twice.
+the Dim whose sizes carry the loss (`Span.split`), into the runs of consecutive sizes that leave
+the least loss within the split limit (`DEFAULT_SPLITS`). A sub-bucket's upper corner is its
+split point (`ctbuild.bucket_map`); its winner is recorded under the point's own tuning key,
+from the times already measured: nothing is measured twice.
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ from .choice import TieBand, Timing, choose
 #: The most sizes below its upper bound raced along one Dim of a bucket over one Dim, and
 #: over several (each of its Dims).
 MAX_PER_DIM = (7, 5)
+#: The most times a bucket is split by default (``--refine N``, ``max_splits=``).
+DEFAULT_SPLITS = 3
 
 
 def dim_points(lo: int, hi: int, most: int = MAX_PER_DIM[0]) -> list[int]:
@@ -89,6 +91,8 @@ class Span:
     sizes: list[dict[str, int]]
     times: list[dict[Config, Timing]]
     problems: list[str] = field(default_factory=list)
+    #: per size below the top, what its race cost: candidates raced, rounds, why it stopped
+    races: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def top(self) -> int:
@@ -158,34 +162,37 @@ class Span:
                      default: Config | None, band: TieBand, limit: int
                      ) -> tuple[list[Group], str, str | None]:
         """(the groups of a split along ``name``, the Dim, why not further: the limit)."""
-        runs = self._runs(line, name, band)
-        why = None
-        if len(runs) - 1 > limit:
-            runs = [sum(runs[:len(runs) - limit], []), *runs[len(runs) - limit:]]
-            why = f"the split limit ({limit}) is reached"
+        runs, limited = self._runs(line, name, band, limit)
+        why = f"the split limit ({limit}) is reached" if limited else None
         return self._groups(runs, name, order, default, band), name, why
 
-    def _runs(self, line: list[int], name: str, band: TieBand) -> list[list[int]]:
-        """``line`` cut into runs from the top down: each run takes smaller sizes while one
-        config stays within the band over all of them and the sizes off the line whose
-        ``name`` falls in the run's range (the corner, the middle: served by the same
-        sub-bucket)."""
+    def _runs(self, line: list[int], name: str, band: TieBand, limit: int
+              ) -> tuple[list[list[int]], bool]:
+        """``line`` cut into at most ``limit + 1`` runs of consecutive sizes, each to be served
+        by one config: the cut whose worst run leaves the least loss (losses within the band
+        count alike), then the one with the fewest runs. A run's loss is the smallest worst
+        loss of a config over its sizes and the sizes off the line whose ``name`` falls in its
+        range (the corner, the middle: served by the same sub-bucket). Also: whether more runs
+        than the limit allows would have left less loss."""
         off = [i for i in range(len(self.sizes)) if i not in line]
+        n, floor = len(line), band.percent / 100
 
         def held(lo: int, hi: int) -> list[int]:
-            floor = self.sizes[line[lo - 1]][name] if lo > 0 else -1
-            return line[lo:hi + 1] + [i for i in off if floor < self.sizes[i][name]
+            below = self.sizes[line[lo - 1]][name] if lo > 0 else -1
+            return line[lo:hi + 1] + [i for i in off if below < self.sizes[i][name]
                                       <= self.sizes[line[hi]][name]]
-        runs: list[list[int]] = []
-        hi = len(line) - 1
-        while hi >= 0:
-            lo = hi
-            while lo > 0 and min(self.worst(held(lo - 1, hi)).values(),
-                                 default=1.0) * 100 <= band.percent:
-                lo -= 1
-            runs.insert(0, line[lo:hi + 1])
-            hi = lo - 1
-        return runs
+        cost = {(a, b): max(floor, min(self.worst(held(a, b)).values(), default=math.inf))
+                for a in range(n) for b in range(a, n)}
+        # best[k][j]: the least worst loss of line[:j + 1] cut into k + 1 runs, the runs' starts
+        best = [{j: (cost[0, j], [0]) for j in range(n)}]
+        for k in range(1, n):
+            best.append({j: min(((max(best[k - 1][i - 1][0], cost[i, j]),
+                                  best[k - 1][i - 1][1] + [i]) for i in range(k, j + 1)),
+                                key=lambda c: c[0]) for j in range(k, n)})
+        cuts = [(best[k][n - 1][0], k, best[k][n - 1][1]) for k in range(n)]
+        loss, _, starts = min(cuts[:limit + 1], key=lambda c: (c[0], c[1]))
+        return [line[a:b] for a, b in zip(starts, [*starts[1:], n])], \
+            min(c[0] for c in cuts) < loss
 
     def _groups(self, runs: list[list[int]], name: str, order: Sequence[Config],
                 default: Config | None, band: TieBand) -> list[Group]:
@@ -225,7 +232,8 @@ class Span:
             rows.append({"sizes": self.sizes[i], "fastest": fastest.config.to_json(),
                          "winner_us": self.times[i][group.winner].mean_us,
                          "fastest_us": fastest.mean_us,
-                         "regret_pct": round(100 * self.loss(i, group.winner), 3)})
+                         "regret_pct": round(100 * self.loss(i, group.winner), 3),
+                         **(self.races[i] if i < len(self.races) else {})})
         worst = sorted(((w, c.to_json()) for c, w in self.worst(group.members).items()),
                        key=lambda wc: wc[0])
         return {"bucket": bucket, "lower": self.bucket.lower_bounds(), "sizes": rows,

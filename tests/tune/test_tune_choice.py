@@ -250,3 +250,22 @@ def test_a_refused_split_leaves_the_bucket_whole_or_takes_another_dim():
     assert split(lambda pts: "B" if any(p["B"] < 8 for p in pts) else None) == \
         ([(cfg(256), {"B": 8, "S": 16}), (cfg(64), None)], None)
     assert split(lambda pts: "keys clash") == ([(cfg(64), None)], "keys clash")
+
+
+def test_a_split_limit_cuts_where_the_least_loss_is_left():
+    """Three runs would serve everything within the band, one split is allowed: the cut leaves
+    the least loss (S=16 apart: 10% left at the top), not the lowest runs merged (30%)."""
+    one = Workload({"X": Tensor((Dim("S", 16, 256, buckets=[256]), 64), "float16")})
+    [b] = buckets(one)
+    span = _span(b, {"S=16": {64: 10, 256: 15},
+                     "S=64": {64: 13, 256: 10},
+                     "S=128": {64: 13, 256: 10},
+                     "S=256": {64: 10, 256: 11}})
+    order, band = [cfg(64), cfg(256)], TieBand(2.0)
+    groups, why = span.split(order, None, band, limit=1)
+    assert [(g.winner, g.point, round(g.worst_pct, 3)) for g in groups] == \
+        [(cfg(64), {"S": 16}, 0.0), (cfg(256), None, 0.1)]
+    assert why == "the split limit (1) is reached"
+    groups, why = span.split(order, None, band, limit=2)
+    assert [(g.winner, g.point) for g in groups] == \
+        [(cfg(64), {"S": 16}), (cfg(256), {"S": 128}), (cfg(64), None)] and why is None
