@@ -2,20 +2,22 @@
 sub-bucket a size maps to.
 
 A declared bucket is tuned over its sizes (`ctbuild.tune.span`). Where no config is within the
-tie band at all of them, ``ctbuild tune`` splits the bucket along one Dim: the sizes up to a
-*split point* (in every Dim of the bucket; the Dims not split at their upper bound) form a
-sub-bucket, whose winner is recorded under the point's own tuning key, like any other record.
-The split points live in the declared bucket's tuning record (its ``refined`` field): so the
-map is keyed exactly as records are (kernel fingerprint, tuning key, GPU arch and model,
-toolchain), travels with bundles and cache images, is pruned with the record, and is found on
-the read the runtime already makes for the bucket. A size maps to the first (smallest) split
-point it does not exceed in any Dim, else to the declared bucket; a record without ``refined``
-maps every size as the declaration does.
+tie band at all of them, ``ctbuild tune`` splits the bucket along one Dim, and the part the
+bucket's own winner still serves may be split again along another: the sizes up to a *split
+point* (in every Dim of the bucket), not served by an earlier one, form a sub-bucket, whose
+winner is recorded under the point's own tuning key, like any other record. The split points
+live in the declared bucket's tuning record (its ``refined`` field): so the map is keyed
+exactly as records are (kernel fingerprint, tuning key, GPU arch and model, toolchain), travels
+with bundles and cache images, is pruned with the record, and is found on the read the runtime
+already makes for the bucket. A size maps to the first split point (in the record's order) it
+does not exceed in any Dim, else to the declared bucket; a record without ``refined`` maps
+every size as the declaration does.
 
 The record comes from a cache that may be shared, so the entry is read defensively: plain JSON
 only, at most `MAX_SPLITS` points, each naming exactly the bucket's Dims with whole sizes inside
-the bucket, below its upper bound in one Dim at least, each point above the one before. Anything else is refused with
-its reason (`BucketMapError`); the runtime then warns and serves the declared bucket.
+the bucket, below its upper bound in one Dim at least, none inside an earlier one (it would
+serve nothing). Anything else is refused with its reason (`BucketMapError`); the runtime then
+warns and serves the declared bucket.
 """
 from __future__ import annotations
 
@@ -44,14 +46,17 @@ class Split:
     def sizes(self) -> dict[str, int]:
         return dict(self.point)
 
-    def sub_bucket(self, bucket: Bucket, below: Split | None = None) -> Bucket:
+    def sub_bucket(self, bucket: Bucket, earlier: Sequence[Split] = ()) -> Bucket:
         """The sub-bucket as a `Bucket` of the same declaration: its representative is the
-        split point, where it is tuned; its smallest sizes are the bucket's, or one above the
-        split ``below`` it (where its regret is timed)."""
+        split point, where it is tuned; its smallest sizes are the bucket's, raised in a Dim
+        to one above each ``earlier`` split that covers this one in every other Dim (the sizes
+        that split serves first, where this sub-bucket's regret is not timed)."""
         low = bucket.lower_bounds()
-        if below is not None:  # a Dim not split between the two keeps the bucket's bound
-            low = {n: min(v, below.sizes[n] + 1) if below.sizes[n] < v else low[n]
-                   for n, v in self.point}
+        mine = self.sizes
+        for e in earlier:
+            cut = [n for n in mine if e.sizes[n] < mine[n]]
+            if len(cut) == 1:
+                low[cut[0]] = max(low[cut[0]], e.sizes[cut[0]] + 1)
         return Bucket(bucket.declared, self.point, tuple((n, low[n]) for n, _ in self.point))
 
     def holds(self, sizes: Mapping[str, int]) -> bool:
@@ -84,11 +89,11 @@ def read_splits(raw: Any, bucket: Bucket) -> tuple[Split, ...]:
     if len(points) > MAX_SPLITS:
         raise BucketMapError(f"{len(points)} splits, more than the {MAX_SPLITS} a bucket may have")
     out = tuple(_split(p, bucket) for p in points)
-    for a, b in zip(out, out[1:]):
-        pairs = [(x, y) for (_, x), (_, y) in zip(a.point, b.point)]
-        if not all(x <= y for x, y in pairs) or all(x == y for x, y in pairs):
-            raise BucketMapError(f"split {b.sizes} does not lie above split {a.sizes} (at "
-                                 "least as large in every Dim, larger in one)")
+    for i, b in enumerate(out):
+        for a in out[:i]:
+            if a.holds(b.sizes):
+                raise BucketMapError(f"split {b.sizes} lies inside the earlier split {a.sizes}: "
+                                     "it would serve no size")
     return out
 
 

@@ -19,6 +19,7 @@ from the times already measured: nothing is measured twice.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -132,11 +133,14 @@ class Span:
     def split(self, order: Sequence[Config], default: Config | None, band: TieBand,
               limit: int, refuse: Callable[[list[dict[str, int]]], str | None] | None = None
               ) -> tuple[list[Group], str | None]:
-        """The groups the bucket is served by, smallest first (one: unsplit), and why it is
-        not split further where its worst loss still exceeds the band (None: it does not).
-        With several Dims, the split along the Dim that leaves the smallest worst loss (then
-        the fewest groups). ``refuse(points)``: why a split at these points cannot be
-        recorded (None: it can); a refused split leaves the bucket whole, for that reason."""
+        """The groups the bucket is served by, in the order the runtime tries their split
+        points, the top last (one: unsplit), and why it is not split further where its worst
+        loss still exceeds the band (None: it does not). The split along the Dim that leaves
+        the smallest worst loss (then the fewest groups); where the top group still loses
+        more than the band and splits are left, it is split again along another Dim (its
+        points come after the first split's: the runtime serves a size by the first point
+        that holds it). ``refuse(points)``: why a split at these points cannot be recorded
+        (None: it can); a refused split leaves the bucket whole, for that reason."""
         everything = list(range(len(self.sizes)))
         winner, worst = self.pick(everything, order, default, band)
         whole = Group(everything, winner, worst)
@@ -144,19 +148,69 @@ class Span:
             return [whole], None
         if limit == 0:
             return [whole], "splitting is off (--no-refine)"
-        tries = [self._split_along(name, line, order, default, band, limit)
-                 for name, line in self.lines().items()]
-        if refuse is not None:
-            tries = [([whole], name, no) if len(groups) > 1 and
-                     (no := refuse([g.point for g in groups[:-1] if g.point])) else
-                     (groups, name, why) for groups, name, why in tries]
-        groups, name, why = min(tries, key=lambda t: (max(g.worst_pct for g in t[0]),
-                                                      len(t[0])))
+        return self._split(order, default, band, limit, refuse or (lambda points: None), [])
+
+    def _split(self, order: Sequence[Config], default: Config | None, band: TieBand,
+               limit: int, refuse: Callable[[list[dict[str, int]]], str | None],
+               before: list[Group]) -> tuple[list[Group], str | None]:
+        """`split` along the Dims no group in ``before`` (the split this one nests in) was
+        split along, then nested where the top group still loses more than the band."""
+        done = {n for g in before if g.point for n, v in g.point.items()
+                if v < self.sizes[self.top][n]}
+        everything = list(range(len(self.sizes)))
+        whole = Group(everything, *self.pick(everything, order, default, band))
+        tries: list[tuple[list[Group], str, str | None]] = []
+        for name, line in self.lines().items():
+            if name in done or len(line) < 2:
+                continue
+            groups, _, why = self._split_along(name, line, order, default, band, limit)
+            no = refuse([g.point for g in [*before, *groups] if g.point]) \
+                if len(groups) > 1 else None
+            if no:
+                tries.append(([whole], name, no))
+            else:
+                groups, why = self._nest(groups, why, order, default, band, limit, refuse,
+                                         before)
+                tries.append((groups, name, why))
+        groups, name, why = min(tries, key=lambda t: self._score(t[0], band),
+                                default=([whole], "", None))
         if why is None and max(g.worst_pct for g in groups) * 100 > band.percent:
-            why = (f"the loss left is off the Dim it was split along ({name}): a bucket is "
-                   "split along one Dim" if len(groups) > 1 else
+            top = self.sizes[self.top]
+            dims = dict.fromkeys(n for g in [*before, *groups] if g.point
+                                 for n, v in g.point.items() if v < top[n])
+            why = ("the loss left is at sizes no split along one Dim at a time serves apart "
+                   f"(split along {', then '.join(dims)})" if len(groups) > 1 else
                    "no size can be served apart from the others along any Dim")
         return groups, why
+
+    def _score(self, groups: list[Group], band: TieBand) -> tuple[float, float, int]:
+        """How much loss a split leaves, to compare splits by: the worst group's (within the
+        band: none), then the loss beyond the band summed over the sizes, then the groups."""
+        floor = band.percent / 100
+        return (max(max(floor, g.worst_pct) for g in groups),
+                sum(max(0.0, self.loss(i, g.winner) - floor) for g in groups for i in g.members
+                    if g.winner in self.times[i]), len(groups))
+
+    def _nest(self, groups: list[Group], why: str | None, order: Sequence[Config],
+              default: Config | None, band: TieBand, limit: int,
+              refuse: Callable[[list[dict[str, int]]], str | None], before: list[Group]
+              ) -> tuple[list[Group], str | None]:
+        """``groups`` with their top group split again along another Dim, where it loses more
+        than the band, splits are left and that leaves it less loss."""
+        left = limit - (len(groups) - 1)
+        if len(groups) < 2 or groups[-1].worst_pct * 100 <= band.percent:
+            return groups, why
+        if left < 1:
+            return groups, why or f"the split limit ({limit}) is reached"
+        top = sorted(groups[-1].members, key=lambda i: i == self.top)
+        sub = Span(self.bucket, [self.sizes[i] for i in top], [self.times[i] for i in top])
+        nested, nested_why = sub._split(order, default, band, left, refuse,
+                                        [*before, *groups[:-1]])
+        if len(nested) < 2 or max(g.worst_pct for g in nested) >= groups[-1].worst_pct:
+            return groups, why
+        for g in nested:
+            g.members = [top[i] for i in g.members]
+        return [*groups[:-1], *nested], nested_why
 
     def _split_along(self, name: str, line: list[int], order: Sequence[Config],
                      default: Config | None, band: TieBand, limit: int
@@ -170,29 +224,33 @@ class Span:
               ) -> tuple[list[list[int]], bool]:
         """``line`` cut into at most ``limit + 1`` runs of consecutive sizes, each to be served
         by one config: the cut whose worst run leaves the least loss (losses within the band
-        count alike), then the one with the fewest runs. A run's loss is the smallest worst
-        loss of a config over its sizes and the sizes off the line whose ``name`` falls in its
-        range (the corner, the middle: served by the same sub-bucket). Also: whether more runs
-        than the limit allows would have left less loss."""
+        count alike), then the least loss beyond the band summed over the sizes (what a split
+        along another Dim may still take away), then the fewest runs. A run is served by the
+        config with the smallest worst loss over its sizes and the sizes off the line whose
+        ``name`` falls in its range (the corner, the middle: served by the same sub-bucket).
+        Also: whether more runs than the limit allows would have left less loss. (A line has
+        at most 8 sizes: every cut is tried.)"""
         off = [i for i in range(len(self.sizes)) if i not in line]
         n, floor = len(line), band.percent / 100
 
-        def held(lo: int, hi: int) -> list[int]:
+        def run_cost(lo: int, hi: int) -> tuple[float, float]:
             below = self.sizes[line[lo - 1]][name] if lo > 0 else -1
-            return line[lo:hi + 1] + [i for i in off if below < self.sizes[i][name]
+            held = line[lo:hi + 1] + [i for i in off if below < self.sizes[i][name]
                                       <= self.sizes[line[hi]][name]]
-        cost = {(a, b): max(floor, min(self.worst(held(a, b)).values(), default=math.inf))
-                for a in range(n) for b in range(a, n)}
-        # best[k][j]: the least worst loss of line[:j + 1] cut into k + 1 runs, the runs' starts
-        best = [{j: (cost[0, j], [0]) for j in range(n)}]
-        for k in range(1, n):
-            best.append({j: min(((max(best[k - 1][i - 1][0], cost[i, j]),
-                                  best[k - 1][i - 1][1] + [i]) for i in range(k, j + 1)),
-                                key=lambda c: c[0]) for j in range(k, n)})
-        cuts = [(best[k][n - 1][0], k, best[k][n - 1][1]) for k in range(n)]
-        loss, _, starts = min(cuts[:limit + 1], key=lambda c: (c[0], c[1]))
-        return [line[a:b] for a, b in zip(starts, [*starts[1:], n])], \
-            min(c[0] for c in cuts) < loss
+            worst = self.worst(held)
+            if not worst:
+                return math.inf, math.inf
+            return min((max(floor, w), sum(max(0.0, self.loss(i, c) - floor) for i in held))
+                       for c, w in worst.items())
+        costs = {(a, b): run_cost(a, b) for a in range(n) for b in range(a, n)}
+
+        def score(starts: tuple[int, ...]) -> tuple[float, float, int]:
+            parts = [costs[a, b - 1] for a, b in zip(starts, [*starts[1:], n])]
+            return max(p[0] for p in parts), sum(p[1] for p in parts), len(parts)
+        cuts = [(0, *c) for k in range(n) for c in itertools.combinations(range(1, n), k)]
+        starts = min((c for c in cuts if len(c) <= limit + 1), key=score)
+        limited = score(min(cuts, key=score))[:2] < score(starts)[:2]
+        return [line[a:b] for a, b in zip(starts, [*starts[1:], n])], limited
 
     def _groups(self, runs: list[list[int]], name: str, order: Sequence[Config],
                 default: Config | None, band: TieBand) -> list[Group]:

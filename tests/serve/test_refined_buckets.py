@@ -59,8 +59,8 @@ def test_split_points_are_read_defensively() -> None:
         "is the bucket's upper bound": _entry(256),
         "L=True": {"splits": [{"sizes": {"L": True}}]},
         "L=150.0": {"splits": [{"sizes": {"L": 150.0}}]},
-        "does not lie above": _entry(200, 150),
-        "larger in one": _entry(150, 150),
+        "inside the earlier split": _entry(200, 150),
+        "inside the earlier split {.L.: 150}": _entry(150, 150),
     }
     for reason, raw in hostile.items():
         with pytest.raises(BucketMapError, match=reason.replace("[", r"\[").replace("]", r"\]")):
@@ -83,7 +83,14 @@ def test_a_bucket_over_two_dims_splits_along_one() -> None:
     assert split_for(splits, {"B": 3, "S": 91}) == splits[0]
     assert split_for(splits, {"B": 8, "S": 92}) == splits[1]
     assert split_for(splits, {"B": 1, "S": 1025}) is None
-    assert splits[1].sub_bucket(b, splits[0]).lower_bounds() == {"B": 1, "S": 92}
+    assert splits[1].sub_bucket(b, splits[:1]).lower_bounds() == {"B": 1, "S": 92}
+    # split along B, then the part B=2..8 along S: B=1 goes to the first at any S
+    nested = read_splits({"splits": [{"sizes": {"B": 1, "S": 8192}},
+                                     {"sizes": {"B": 8, "S": 91}}]}, b)
+    assert split_for(nested, {"B": 1, "S": 50}) == nested[0]
+    assert split_for(nested, {"B": 2, "S": 50}) == nested[1]
+    assert split_for(nested, {"B": 2, "S": 92}) is None
+    assert nested[1].sub_bucket(b, nested[:1]).lower_bounds() == {"B": 2, "S": 16}
     with pytest.raises(BucketMapError, match="upper bound"):
         read_splits({"splits": [{"sizes": {"B": 8, "S": 8192}}]}, b)
 

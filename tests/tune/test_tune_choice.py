@@ -269,3 +269,30 @@ def test_a_split_limit_cuts_where_the_least_loss_is_left():
     groups, why = span.split(order, None, band, limit=2)
     assert [(g.winner, g.point) for g in groups] == \
         [(cfg(64), {"S": 16}), (cfg(256), {"S": 128}), (cfg(64), None)] and why is None
+
+
+def test_the_top_of_a_split_is_split_again_along_another_dim():
+    """B=1 wants TILE=128 at every S, B=8 wants 256 at small S and 64 at the top: split along
+    B at 1, then the part B=8 along S at 91; the runtime's first matching point serves each."""
+    from ctbuild.bucket_map import read_splits, split_for
+    two = Workload({"X": Tensor((Dim("B", 1, 8, buckets=[8]),
+                                 Dim("S", 16, 8192, buckets=[8192]), 64), "float16")})
+    [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
+    span = _span(b, {"B=1,S=8192": {64: 13, 128: 10, 256: 13},
+                     "B=8,S=16": {64: 13, 128: 13, 256: 10},
+                     "B=8,S=91": {64: 13, 128: 13, 256: 10},
+                     "B=1,S=16": {64: 13, 128: 10, 256: 13},
+                     "B=8,S=8192": {64: 100, 128: 130, 256: 130}})
+    order = [cfg(64), cfg(128), cfg(256)]
+    groups, why = span.split(order, None, TieBand(2.0), limit=3)
+    assert [(g.winner, g.point, g.worst_pct) for g in groups] == [
+        (cfg(128), {"B": 1, "S": 8192}, 0.0), (cfg(256), {"B": 8, "S": 91}, 0.0),
+        (cfg(64), None, 0.0)] and why is None
+    splits = read_splits({"splits": [{"sizes": g.point} for g in groups[:-1]]}, b)
+    assert split_for(splits, {"B": 1, "S": 50}).sizes == {"B": 1, "S": 8192}
+    assert split_for(splits, {"B": 4, "S": 50}).sizes == {"B": 8, "S": 91}
+    assert split_for(splits, {"B": 4, "S": 500}) is None
+    # one split only: the first along B, and why the rest is left
+    groups, why = span.split(order, None, TieBand(2.0), limit=1)
+    assert [g.point for g in groups] == [{"B": 1, "S": 8192}, None]
+    assert why == "the split limit (1) is reached"
