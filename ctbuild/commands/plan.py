@@ -34,9 +34,10 @@ precompile builds. Each kernel's body goes through cuTile's front end (no compil
 class of jobs (arch, dtype pattern, hints), so a body error, or a hint value this tileiras
 cannot take, is reported here, one line per cause, with its file:line. Buckets that `ctbuild
 tune --refine` split in the cache are listed with their split points. Estimated compile
-seconds come from the times the cache recorded in earlier builds, else from tile sizes; tune
-seconds assume one tuning process per workload and about 0.3 s per config. Exit 2 on a bad
-declaration, kernel body or config (the message names the kernel).
+seconds come from the times the cache recorded in earlier builds, else from the size of the
+kernel's TileIR (what that front end gave) and its tile sizes; tune seconds assume one
+tuning process per workload and about 0.3 s per config. Exit 2 on a bad declaration, kernel
+body or config (the message names the kernel).
 """
 
 
@@ -64,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
     fp, problem = toolchain_fingerprint()
     plan = make_plan(kernels, project.archs, fp, project.cap, generic=project.generic,
                      devices=project.devices)
-    if problem is None and (bodies := check_bodies(plan, project.devices)):
+    tileir_bytes: dict[tuple[str, str], int] = {}
+    if problem is None and (bodies := check_bodies(plan, project.devices, tileir_bytes)):
         for line in bodies:
             fail(line)
         return EXIT_USAGE
-    costs = kernel_costs(plan, project.cache_dir)
+    costs = kernel_costs(plan, project.cache_dir, tileir_bytes)
     refined = refined_buckets(project.cache_dir, kernels)
     if args.json:
         out = plan.to_json()
@@ -135,10 +137,10 @@ def print_costs(costs: list[KernelCost]) -> None:
     print("\nestimated cost (compile: CPU seconds of the jobs not cached; tune: one GPU):")
     print(f"  {'kernel':<16} {'jobs':>5} {'cached':>7} {'compile s':>10} {'tune s':>8}  source")
     for c in costs:
+        guessed = "TileIR size, tile sizes" if c.tileir_bytes else "tile sizes"
         source = ("all cached" if c.cached == c.jobs else
                   "recorded" if c.recorded and c.recorded == c.jobs - c.cached else
-                  f"{c.recorded} recorded, rest from tile sizes" if c.recorded else
-                  "tile sizes")
+                  f"{c.recorded} recorded, rest from {guessed}" if c.recorded else guessed)
         print(f"  {c.kernel:<16} {c.jobs:>5} {c.cached:>7} {c.compile_seconds:>10.1f} "
               f"{c.tune_seconds:>8.1f}  {source}")
     for c in costs:

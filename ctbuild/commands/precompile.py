@@ -62,8 +62,9 @@ included) and the project's kernel modules are shipped to the workers, which nee
 cuda-tile[tileiras], ray, diskcache and xxhash installed, but no cache path and no shared
 filesystem: workers send each CUBIN back and this process alone stores it (and reads it
 back) in --cache. Longest configs go first (by the compile seconds the cache recorded for
-them in earlier builds). Two builds into one cache never compile the same key twice. A full
-disk stops the build (exit 1); every CUBIN stored until then is kept.
+them in earlier builds, else by the size of the kernel's TileIR, from that front end, and its
+tile sizes). Two builds into one cache never compile the same key twice. A full disk stops
+the build (exit 1); every CUBIN stored until then is kept.
 
 Workers drop CUDA_HOME/CUDA_PATH so the pip tileiras with its own ptxas/libnvvm is used; a
 worker whose toolchain fingerprint differs from this machine's aborts the build.
@@ -144,10 +145,10 @@ def run(args: argparse.Namespace) -> int:
         # keep stdout for our output (one JSON object with --json) and send those to stderr.
         with contextlib.redirect_stdout(sys.stderr):
             if _cache_is_cold(project.cache_dir):  # surely something to build: Ray (if used)
+                args.tileir_bytes = {}  # the body check's, for the estimates (job_estimates)
                 checked = _start_early(args, project, kernels, extra, record_archs, farm)
                 if checked is not None:              # starts while the toolchain is probed
                     return checked
-                args.bodies_checked = True
             return _build(args, project, kernels, extra, record_archs, farm, stream, out,
                           report, started)
     finally:
@@ -163,27 +164,31 @@ def _start_early(args: argparse.Namespace, project: Project, kernels: list[Tuned
                  extra: dict[str, list[Workload]], record_archs: list[Arch], farm: Any
                  ) -> int | None:
     """Into an empty cache: plan (with a placeholder toolchain: the job count is the same),
-    check the kernel bodies, and start Ray in the background unless the build stays local.
-    Returns an exit status when a body is wrong (before any Ray started), else None."""
+    check the kernel bodies (their TileIR sizes into ``args.tileir_bytes``), and start Ray in
+    the background unless the build stays local. Returns an exit status when a body is wrong
+    (before any Ray started), else None."""
     from ..compile.job_estimates import JobEstimator
     from ..compile.plan import make_plan
     from ..cutile import load_compiler_without_torch
     load_compiler_without_torch()  # planning needs no torch either: about 1 s sooner
     plan = make_plan(kernels, _archs(project, record_archs), "unprobed", project.cap,
                      extra_workloads=extra, generic=project.generic, devices=project.devices)
-    if (code := _report_bodies(plan, project)) is not None:
+    if (code := _report_bodies(plan, project, args.tileir_bytes)) is not None:
         return code
     jobs = [job.to_json() for job in plan.jobs.values()]
-    if args.farm == "ray" or (args.farm == "auto" and not is_small(jobs, JobEstimator({}),
+    estimate = JobEstimator({}, args.tileir_bytes)
+    if args.farm == "ray" or (args.farm == "auto" and not is_small(jobs, estimate,
                                                                     args.workers)):
         farm.start_in_background()
     return None
 
 
-def _report_bodies(plan: Any, project: Project) -> int | None:
-    """Each kernel whose body cuTile's front end rejects, once, with file:line: exit 2."""
+def _report_bodies(plan: Any, project: Project, tileir_bytes: dict[tuple[str, str], int]
+                   ) -> int | None:
+    """Each kernel whose body cuTile's front end rejects, once, with file:line: exit 2.
+    ``tileir_bytes`` gets the size of each kernel's TileIR."""
     from ..compile.body_check import check_bodies
-    problems = check_bodies(plan, project.devices)
+    problems = check_bodies(plan, project.devices, tileir_bytes)
     for line in problems:
         fail(line)
     return EXIT_USAGE if problems else None
@@ -223,9 +228,11 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     toolchain = probe()
     plan = make_plan(kernels, archs, toolchain.fingerprint, project.cap, extra_workloads=extra,
                      generic=project.generic, devices=project.devices)
-    if not getattr(args, "bodies_checked", False) and \
-            (code := _report_bodies(plan, project)) is not None:
-        return code
+    tileir_bytes = getattr(args, "tileir_bytes", None)
+    if tileir_bytes is None:  # not checked early
+        tileir_bytes = {}
+        if (code := _report_bodies(plan, project, tileir_bytes)) is not None:
+            return code
     jobs = {key: job.to_json() for key, job in plan.jobs.items()}
 
     import sqlite3
@@ -234,7 +241,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
     try:
         with Store(project.cache_dir, readonly=False) as store:
             record_in(store, toolchain)
-            estimate = estimator(store)
+            estimate = estimator(store, tileir_bytes)
             farm.options.estimate, farm.options.learn = estimate, estimate.learn
             _use_local(args, farm, store, list(jobs.values()), estimate)
     except (CacheError, OSError, ValueError, sqlite3.Error) as exc:
@@ -321,6 +328,11 @@ def _summary(result: Any, rows: list[dict[str, Any]], failures: list[dict[str, A
         "run_seconds": round(result.run_seconds, 3),
         "worker_seconds": round(result.worker_seconds, 3),
         "compile_seconds": round(sum(r["seconds"] for r in rows), 3),
+        # worker-seconds beyond the jobs' own (compile seconds, which count cuTile's front end,
+        # plus ctbuild's ~10 ms a job): workers open with no job, waiting for the longest
+        "idle_seconds": round(result.worker_seconds - sum(
+            r["finished_s"] - r["started_s"] for r in rows if r["started_s"] is not None
+            and r["finished_s"] is not None), 3),
         "restarts": result.restarts, "toolchain": toolchain,
         "archs": [str(a) for a in archs], "cache": str(cache_dir),
         "address": result.address, "fatal": result.fatal,

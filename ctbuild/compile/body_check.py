@@ -10,7 +10,8 @@ values) and the config's compiler hints; the job is the class's default config w
 holds it. Each distinct problem is reported once per kernel, with the user's file:line (a hint's
 at its declaration, `declared_at`) and the classes it hit. What only some tile sizes trigger (a
 tile that is not a power of two) still surfaces at precompile, grouped by cause
-(`ctbuild.compile.failures`).
+(`ctbuild.compile.failures`). The size of each TileIR the front end gives is kept: it is what
+a kernel without recorded compile times is estimated by (`job_estimates`).
 """
 from __future__ import annotations
 
@@ -72,15 +73,17 @@ def _pattern(e: PlanEntry) -> tuple:
     return tuple(out)
 
 
-def body_problem(kernel: TunedKernel, job: CompileJob, devices: Any = None
-                 ) -> BodyProblem | None:
-    """What the front end refuses in ``job`` (with file:line), or None."""
+def body_problem(kernel: TunedKernel, job: CompileJob, devices: Any = None,
+                 tileir_bytes: dict[tuple[str, str], int] | None = None) -> BodyProblem | None:
+    """What the front end refuses in ``job`` (with file:line), or None; where it takes the job,
+    the size of the TileIR goes into ``tileir_bytes`` under (kernel, arch), the largest of the
+    kernel's classes there."""
     from .compiler import tileir
     cfg = Config(job.config, kernel.name)
     w = Workload({k: spec_from_json(v) for k, v in job.workload.items()})
     signature = job_and_signature(kernel, cfg, w, job.arch, "body-check", devices=devices)[1]
     try:
-        tileir(kernel, cfg, signature, job.arch)
+        size = len(tileir(kernel, cfg, signature, job.arch).bytecode)
     except Exception as exc:  # noqa: BLE001 - the user's kernel body: any error is reported
         text = f"{type(exc).__name__}: {one_line(exc)}"
         if (where := location(exc)) is not None:
@@ -88,6 +91,9 @@ def body_problem(kernel: TunedKernel, job: CompileJob, devices: Any = None
         hint = _hint_cause(kernel, cfg, signature, job.arch)
         return BodyProblem(declaration_line(kernel, hint), text,
                            None if hint is None else f"{hint}={cfg.to_json()[hint]}")
+    if tileir_bytes is not None:
+        group = (kernel.name, job.arch)
+        tileir_bytes[group] = max(size, tileir_bytes.get(group, 0))
     return None
 
 
@@ -140,10 +146,11 @@ def _describe(kernel: TunedKernel, job: CompileJob) -> str:
     return f"{job.arch} {'/'.join(dtypes) or '-'}" + (f" {{{hints}}}" if hints else "")
 
 
-def check_bodies(plan: Plan, devices: Any = None) -> list[str]:
+def check_bodies(plan: Plan, devices: Any = None,
+                 tileir_bytes: dict[tuple[str, str], int] | None = None) -> list[str]:
     """One line per kernel and distinct problem: ``kernel 'name' (module): kernel body:
     file:line: ...`` (or ``hint NAME=V: file:line: ...``), naming the classes it hit when
-    others passed."""
+    others passed. ``tileir_bytes`` gets each (kernel, arch)'s TileIR size (`body_problem`)."""
     from ..cutile import max_bytecode_version
     from ..toolchain import compile_environment
     try:  # asks tileiras (once per process, cached), in the env every compile runs in
@@ -155,7 +162,7 @@ def check_bodies(plan: Plan, devices: Any = None) -> list[str]:
     classes = job_classes(plan)
     hit: dict[tuple[str, BodyProblem], list[tuple]] = {}
     for cls, job in classes.items():
-        if (problem := body_problem(by_name[cls[0]], job, devices)) is not None:
+        if (problem := body_problem(by_name[cls[0]], job, devices, tileir_bytes)) is not None:
             hit.setdefault((cls[0], problem), []).append(cls)
     lines = []
     for (name, problem), where in hit.items():

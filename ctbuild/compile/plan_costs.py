@@ -1,7 +1,8 @@
 """What a plan will cost before anything is built: compile-seconds and tune-seconds per kernel.
 
 Compile seconds come from the cache's records of earlier builds where it has them, else from
-the tile-volume guess the farm schedules by (`job_estimates`). Tune seconds: one supervised
+the guess the farm schedules by (`job_estimates`: the kernel's TileIR size, from the body
+check's front-end runs, and the job's tile volume). Tune seconds: one supervised
 process per workload on the tuning GPU (`TUNE_PROCESS_SECONDS`), then each kept config measured
 (`TUNE_CONFIG_SECONDS`, or the per-config time the cache's tuning records show for the kernel).
 A `Dim` splits its range into buckets, each a workload to build and tune: where one Dim's
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..dims import dims_of
 from .job_estimates import JobEstimator, recorded_seconds
@@ -37,6 +38,7 @@ class KernelCost:
     tune_workloads: int         # workloads tuned on one GPU (its arch)
     tune_seconds: float
     advice: str | None = None   # coarser buckets, where a Dim dominates
+    tileir_bytes: int | None = None  # its largest TileIR (what guesses use), where known
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -69,14 +71,19 @@ def _store_facts(cache_dir: Path | None, keys: list[str]
     return known, cached, {k: sum(v) / len(v) for k, v in per_config.items()}
 
 
-def kernel_costs(plan: Plan, cache_dir: Path | None = None) -> list[KernelCost]:
-    """Per kernel of ``plan``, in plan order: jobs, estimated compile and tune seconds."""
+def kernel_costs(plan: Plan, cache_dir: Path | None = None,
+                 tileir_bytes: Mapping[tuple[str, str], int] | None = None) -> list[KernelCost]:
+    """Per kernel of ``plan``, in plan order: jobs, estimated compile and tune seconds
+    (``tileir_bytes``: what `body_check.check_bodies` found of each kernel's TileIR)."""
     known, cached, per_config = _store_facts(cache_dir, list(plan.jobs))
-    estimate = JobEstimator(known)
+    estimate = JobEstimator(known, tileir_bytes)
     keys: dict[str, set[str]] = {}  # a CUBIN two kernels share counts for each of them
     for e in plan.entries:
         keys.setdefault(e.kernel.name, set()).update(e.job_keys)
     out = {name: KernelCost(name, len(ks), 0, 0.0, 0, 0, 0.0) for name, ks in keys.items()}
+    for (name, _), size in estimate.tileir_bytes.items():
+        if name in out:
+            out[name].tileir_bytes = max(size, out[name].tileir_bytes or 0)
     for name, ks in keys.items():
         cost = out[name]
         for key in ks:
