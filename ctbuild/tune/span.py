@@ -229,8 +229,7 @@ class Span:
         config with the smallest worst loss over its sizes and the sizes off the line whose
         ``name`` falls in its range (the corner, the middle: served by the same sub-bucket).
         Also: whether more runs than the limit allows would have left less loss. (A line has
-        at most 8 sizes: every cut is tried.) A run raced at powers of two only (512, after a
-        run up to 363) is no run: it would serve 364..511 on a winner chosen at 512."""
+        at most 8 sizes: every cut is tried.)"""
         off = [i for i in range(len(self.sizes)) if i not in line]
         n, floor = len(line), band.percent / 100
 
@@ -248,18 +247,7 @@ class Span:
         def score(starts: tuple[int, ...]) -> tuple[float, float, int]:
             parts = [costs[a, b - 1] for a, b in zip(starts, [*starts[1:], n])]
             return max(p[0] for p in parts), sum(p[1] for p in parts), len(parts)
-        values = [self.sizes[i][name] for i in line]
-        low = self.bucket.lower_bounds()[name]
-
-        def judged(a: int, b: int) -> bool:
-            """Whether the run of line[a:b] is judged on sizes like those it serves: a size
-            not a power of two among them (most sizes a run serves are not; a power of two
-            can want another tile), or every size it serves raced."""
-            first = values[a - 1] + 1 if a else low
-            return any(v & (v - 1) for v in values[a:b]) or values[a:b] == \
-                list(range(first, values[b - 1] + 1))
-        cuts = [(0, *c) for k in range(n) for c in itertools.combinations(range(1, n), k)
-                if not c or all(judged(a, b) for a, b in zip((0, *c), (*c, n)))]
+        cuts = [(0, *c) for k in range(n) for c in itertools.combinations(range(1, n), k)]
         starts = min((c for c in cuts if len(c) <= limit + 1), key=score)
         limited = score(min(cuts, key=score))[:2] < score(starts)[:2]
         return [line[a:b] for a, b in zip(starts, [*starts[1:], n])], limited
