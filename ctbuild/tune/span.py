@@ -12,14 +12,14 @@ candidate's loss is its time when dropped.
 The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
 the band of the smallest) go to the default config, else the first in space order
 (`ctbuild.tune.choice`). Where even that worst loss exceeds the band, the bucket is split along
-the Dim whose sizes carry the loss (`Span.split`), into the runs of consecutive sizes that leave
-the least loss within the split limit (`DEFAULT_SPLITS`). A sub-bucket's upper corner is its
-split point (`ctbuild.bucket_map`); its winner is recorded under the point's own tuning key,
-from the times already measured: nothing is measured twice.
+the Dim whose sizes carry the loss (`Span.split`): from the top down, each sub-bucket takes the
+smaller sizes while one config stays within the band over all of them, at most
+`DEFAULT_SPLITS` times by default. A sub-bucket's upper corner is its split point
+(`ctbuild.bucket_map`); its winner is recorded under the point's own tuning key, from the times
+already measured: nothing is measured twice.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -222,35 +222,30 @@ class Span:
 
     def _runs(self, line: list[int], name: str, band: TieBand, limit: int
               ) -> tuple[list[list[int]], bool]:
-        """``line`` cut into at most ``limit + 1`` runs of consecutive sizes, each to be served
-        by one config: the cut whose worst run leaves the least loss (losses within the band
-        count alike), then the least loss beyond the band summed over the sizes (what a split
-        along another Dim may still take away), then the fewest runs. A run is served by the
-        config with the smallest worst loss over its sizes and the sizes off the line whose
-        ``name`` falls in its range (the corner, the middle: served by the same sub-bucket).
-        Also: whether more runs than the limit allows would have left less loss. (A line has
-        at most 8 sizes: every cut is tried.)"""
+        """``line`` cut into runs from the top down: each run takes smaller sizes while one
+        config stays within the band over all of them and the sizes off the line whose
+        ``name`` falls in the run's range (the corner, the middle: served by the same
+        sub-bucket); past ``limit + 1`` runs the lowest merge. Also: whether they merged.
+        (Cutting where the least loss is left over the raced sizes instead fits those sizes
+        and serves the sizes between them worse: `benchmarks/bucket_regret.py --measure`.)"""
         off = [i for i in range(len(self.sizes)) if i not in line]
-        n, floor = len(line), band.percent / 100
 
-        def run_cost(lo: int, hi: int) -> tuple[float, float]:
-            below = self.sizes[line[lo - 1]][name] if lo > 0 else -1
-            held = line[lo:hi + 1] + [i for i in off if below < self.sizes[i][name]
+        def held(lo: int, hi: int) -> list[int]:
+            floor = self.sizes[line[lo - 1]][name] if lo > 0 else -1
+            return line[lo:hi + 1] + [i for i in off if floor < self.sizes[i][name]
                                       <= self.sizes[line[hi]][name]]
-            worst = self.worst(held)
-            if not worst:
-                return math.inf, math.inf
-            return min((max(floor, w), sum(max(0.0, self.loss(i, c) - floor) for i in held))
-                       for c, w in worst.items())
-        costs = {(a, b): run_cost(a, b) for a in range(n) for b in range(a, n)}
-
-        def score(starts: tuple[int, ...]) -> tuple[float, float, int]:
-            parts = [costs[a, b - 1] for a, b in zip(starts, [*starts[1:], n])]
-            return max(p[0] for p in parts), sum(p[1] for p in parts), len(parts)
-        cuts = [(0, *c) for k in range(n) for c in itertools.combinations(range(1, n), k)]
-        starts = min((c for c in cuts if len(c) <= limit + 1), key=score)
-        limited = score(min(cuts, key=score))[:2] < score(starts)[:2]
-        return [line[a:b] for a, b in zip(starts, [*starts[1:], n])], limited
+        runs: list[list[int]] = []
+        hi = len(line) - 1
+        while hi >= 0:
+            lo = hi
+            while lo > 0 and min(self.worst(held(lo - 1, hi)).values(),
+                                 default=1.0) * 100 <= band.percent:
+                lo -= 1
+            runs.insert(0, line[lo:hi + 1])
+            hi = lo - 1
+        if len(runs) - 1 <= limit:
+            return runs, False
+        return [sum(runs[:len(runs) - limit], []), *runs[len(runs) - limit:]], True
 
     def _groups(self, runs: list[list[int]], name: str, order: Sequence[Config],
                 default: Config | None, band: TieBand) -> list[Group]:
