@@ -33,9 +33,10 @@ The paged decode, whose tiles are small (volume 2048) and whose TileIR is the la
 neither sees (a GEMM epilogue on 256x256 tiles at 0.6x, a LayerNorm whose row length is a
 constant but no tile at 2.2x, an FP8 quantisation at 2.4x) the two mechanisms below catch.
 
-For each kernel and arch with no record, its largest config is assumed as long as the build's
-longest job: it starts among the first, and a kernel that is heavier than guessed does not end
-up at the tail. And the estimator learns while the build runs: each compiled job of a kernel
+For each kernel and arch with no record, its largest config is assumed about as long as the
+build's longest job (`SCOUT_SHARE` of it, so the job guessed longest still goes out first): it
+starts among the first, and a kernel that is heavier than guessed does not end up at the
+tail. And the estimator learns while the build runs: each compiled job of a kernel
 without records rescales that kernel's guesses (per arch, else per kernel) by the geometric
 mean of its measured/guessed ratios, and the farm re-ranks the jobs it has not handed out yet.
 Magnitudes matter as much as the order: the farm sizes its batches by them, and two "0.5 s"
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 IR_BASE, IR_VOLUME, IR_POWER = 0.26, 0.5, 1.5
 #: ... and without the TileIR's size: BASE + SCALE * tile_volume ** POWER seconds.
 GUESS_BASE, GUESS_SCALE, GUESS_POWER = 0.1, 6.5e-5, 0.75
+#: An unrecorded kernel's largest config (its scout) is assumed this share of the longest guess.
+SCOUT_SHARE = 0.99
 #: A learned scale that moves by more than this factor makes the farm re-rank.
 RERANK_FACTOR = 1.25
 #: Largest factor one constant adds to a tile volume (a row width of 8192 is no 8192-wide tile).
@@ -135,7 +138,7 @@ class JobEstimator:
 
     def plan(self, jobs: list[dict[str, Any]]) -> None:
         """Pick each unrecorded (kernel, arch)'s scout among the build's ``jobs``: its largest
-        config, assumed as long as the longest job until that kernel's first result."""
+        config, assumed about as long as the longest job until that kernel's first result."""
         top: dict[tuple[str, str], tuple[float, str]] = {}
         self._scouts, self._longest = {}, 0.0
         for job in jobs:
@@ -157,7 +160,7 @@ class JobEstimator:
         kernel, arch = job["kernel"], job["arch"]
         scale = self._scale.get((kernel, arch), self._scale.get((kernel,)))
         if scale is None and job["key"] in self._scouts:
-            return max(self._longest, self.guess(job))
+            return max(self._longest * SCOUT_SHARE, self.guess(job))
         return self.guess(job) * (1.0 if scale is None else scale)
 
     def learn(self, job: dict[str, Any], seconds: float) -> bool:

@@ -19,7 +19,13 @@ from ctbuild.cache import Store
 from ctbuild.cli import main
 from ctbuild.compile.body_check import check_bodies
 from ctbuild.compile.compiler import compile_job
-from ctbuild.compile.job_estimates import IR_BASE, JobEstimator, estimator, guess
+from ctbuild.compile.job_estimates import (
+    IR_BASE,
+    SCOUT_SHARE,
+    JobEstimator,
+    estimator,
+    guess,
+)
 from ctbuild.compile.plan import make_plan
 from ctbuild.toolchain import probe
 
@@ -51,6 +57,12 @@ def test_the_kernel_with_more_tileir_ranks_first_where_tile_volume_says_otherwis
     for job in jobs:
         size = sizes[(job["kernel"], job["arch"])]
         assert estimate(job) == guess(job, size) and size / 1024 * IR_BASE <= estimate(job)
+    # a build's scouts (each kernel's largest config) rank just below the job guessed longest
+    estimate.plan(jobs)
+    ranked = sorted(jobs, key=lambda j: -estimate(j))
+    wide = [j for j in ranked if j["kernel"] == "wide_add"]
+    assert ranked[0]["kernel"] == "paged_sum"
+    assert estimate(wide[0]) == SCOUT_SHARE * estimate(ranked[0]) > estimate(wide[1])
 
 
 def test_plan_estimates_from_tileir_and_says_so(capsys):
