@@ -166,7 +166,7 @@ def test_identity_check_passes_then_catches_a_planted_entry(two_builds: dict,
     planted = tmp_path / "planted"
     shutil.copytree(cache, planted)
     with Store(planted) as store:
-        key, meta = next(iter(store.compile_entries()))
+        key, meta = next((k, m) for k, m in store.compile_entries() if m.get("kernel") == "idk")
         hit = store.get_compile(key)
         store.put_compile(key, hit.cubin, symbol=hit.symbol, meta={**meta, "tileir": "0" * 32})
     with ThreadPoolExecutor(max_workers=1) as pool:  # the two checks at once (two caches)
