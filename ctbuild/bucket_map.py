@@ -124,6 +124,16 @@ def split_for(splits: Sequence[Split], sizes: Mapping[str, int]) -> Split | None
     return next((s for s in splits if s.holds(sizes)), None)
 
 
+def layout_class(sizes: Mapping[str, int]) -> str:
+    """Which CUBIN a call of these Dim sizes runs, as far as the sizes decide: per Dim ``1``
+    (a size-1 dim: another calling convention, a shape constant), ``16`` (a multiple of 16:
+    shape divisibility, the exact CUBIN of a bucket whose top is one) or ``n`` (neither: the
+    relaxed CUBIN). A bucket's sizes of one layout class share a CUBIN and how its tiles fit;
+    ``ctbuild tune`` records a winner per class where they differ (`ctbuild.tune.span`)."""
+    return ",".join(f"{n}:{1 if v == 1 else 16 if v % 16 == 0 else 'n'}"
+                    for n, v in sorted(sizes.items()))
+
+
 def describe_bucket(sizes: Mapping[str, int]) -> str:
     """``M<=81, N<=40``: a bucket or sub-bucket by its upper corner."""
     return ", ".join(f"{n}<={v}" for n, v in sorted(sizes.items()))

@@ -99,6 +99,10 @@ class TuningRecord:
     #: a declared Dim bucket split by ``ctbuild tune``: {"format", "max_splits",
     #: "splits": [{"sizes", "regret_pct"}]} (`ctbuild.bucket_map`), read defensively
     refined: dict[str, Any] | None = None
+    #: where a Dim bucket's sizes of another layout class want another winner (a size divisible
+    #: by 16 runs another CUBIN than one that is not, `ctbuild.bucket_map.layout_class`):
+    #: {class: {"config"}}; the runtime serves a call with its class's entry, else ``config``
+    by_class: dict[str, Any] | None = None
     #: the correctness gate (`ctbuild.tune.check`): {"reference": "default" | "check=" | None,
     #: "failed": candidates with a wrong result, "note": why there was no reference}
     check: dict[str, Any] | None = None

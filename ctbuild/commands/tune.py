@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -337,6 +338,11 @@ def span_lines(s: dict[str, Any]) -> list[str]:
         pct = sp.get("regret_pct")
         lines.append(f"{head} split: sub-bucket {sub} has its own winner"
                      + ("" if pct is None else f" (the bucket's was {pct:.1f}% slower there)"))
+    by_class = rec.get("by_class") if isinstance(rec.get("by_class"), dict) else {}
+    if by_class:
+        lines.append(f"{head} a winner per layout class: " + "; ".join(
+            f"{k} {json.dumps((v or {}).get('config'), sort_keys=True)}"
+            for k, v in sorted(by_class.items())))
     worst = regret.get("worst_pct", regret.get("max_pct"))
     if regret.get("unsplit") and isinstance(worst, (int, float)) and worst > band:
         lines.append(f"{head} not split further, worst loss {worst:.1f}% over the bucket's "

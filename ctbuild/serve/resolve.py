@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..arch import Arch
-from ..bucket_map import BucketMapError, Split, read_splits, split_for, why
+from ..bucket_map import BucketMapError, Split, layout_class, read_splits, split_for, why
 from ..device_table import DeviceInfo, cuda_device, explain_device
 from ..dims import Bucket, find_bucket, match
 from ..keys import record_key_for
@@ -87,8 +87,10 @@ class Resolver:
         self.lock = threading.RLock()
         self.served: dict[Config, ServedKernel] = {}
         self._pinned: dict[tuple[Config, str], ServedKernel] = {}
-        #: per (tuning key, arch, GPU): (winner, where it came from, record key)
-        self._winners: dict[tuple[str, str, str], tuple[Config, str, str | None]] = {}
+        #: per (tuning key, arch, GPU): (winner, where it came from, record key, its winners by
+        #: CUBIN class)
+        self._winners: dict[tuple[str, str, str], tuple[Config, str, str | None,
+                                                      dict[str, Config]]] = {}
         #: the (tuning key, arch, GPU)s the cache has no record of (a `Dim` call's own sizes,
         #: mostly: it then takes its bucket's); bounded like the hot-path memo
         self._unrecorded: set[tuple[str, str, str]] = set()
@@ -125,9 +127,15 @@ class Resolver:
             for b in (sub, bucket):  # the (sub-)bucket's record, unless this size was tuned
                 if b is not None and (rep := self._bucket_key(b)) not in keys:
                     keys.append(rep)
-            cfg, config_from, record_key, tk = self._winner(w, keys, arch, gpu, wl_json, stream,
-                                                            dry)
+            cfg, config_from, record_key, tk, by_class = self._winner(w, keys, arch, gpu,
+                                                                      wl_json, stream, dry)
             cover = self._cover(cfg, spec_w, arch)
+            sizes = match(bucket.declared, spec_w) if by_class and bucket is not None else None
+            alt = by_class.get(layout_class(sizes)) if sizes is not None else None
+            if alt is not None and alt != cfg and self._in_space(alt):
+                other = self._cover(alt, spec_w, arch)
+                if other[1] is not None:  # this size's layout class has its own winner
+                    cfg, cover = alt, other
             if cover[1] is None and cfg != default:
                 fallback = self._cover(default, spec_w, arch)
                 if fallback[1] is not None:
@@ -221,19 +229,19 @@ class Resolver:
 
     def _winner(self, w: Workload, keys: list[tuple[list, str]], arch: str, gpu: str,
                 wl_json: dict, stream: Any, dry: bool = False
-                ) -> tuple[Config, str, str | None, list]:
-        """(config, where it came from, record key, tuning key): the first of ``keys`` (the
-        call's own tuning key, then its sub-bucket's, then its bucket's; each with its
-        `_text`) with a record, else the miss policy's."""
+                ) -> tuple[Config, str, str | None, list, dict[str, Config]]:
+        """(config, where it came from, record key, tuning key, the record's winners by CUBIN
+        class): the first of ``keys`` (the call's own tuning key, then its sub-bucket's, then
+        its bucket's; each with its `_text`) with a record, else the miss policy's."""
         tuned, ctx = self.tuned, self.ctx
         if ctx.settings.disable_autotune:
-            return tuned.default_config(w), "disabled", None, keys[-1][0]
+            return tuned.default_config(w), "disabled", None, keys[-1][0], {}
         for tk, text in keys:
             memo_key = (text, arch, gpu)
             known = self._winners.get(memo_key)
             if known is not None:
-                cfg, origin, record_key = known
-                return cfg, origin if origin != "cache" else "memory", record_key, tk
+                cfg, origin, record_key, by_class = known
+                return cfg, origin if origin != "cache" else "memory", record_key, tk, by_class
             if memo_key in self._unrecorded:
                 continue
             record_key = self._record_key(tk, arch, gpu)
@@ -242,10 +250,11 @@ class Resolver:
             if record is not None:
                 cfg = Config(record.config or {}, tuned.name)
                 if self._in_space(cfg):
+                    by_class = class_winners(record.by_class, tuned.name)
                     if not dry:
-                        self._winners[memo_key] = (cfg, "cache", record_key)
+                        self._winners[memo_key] = (cfg, "cache", record_key, by_class)
                         LEDGER.saved("tuning", record.seconds)
-                    return cfg, "cache", record_key, tk
+                    return cfg, "cache", record_key, tk, by_class
                 log.warning("ctbuild: kernel %r: tuning record %s names config %s, which is not "
                             "in the declared search space (stale record?); treated as a miss",
                             tuned.name, record_key, record.config)
@@ -256,15 +265,15 @@ class Resolver:
         tk, text = keys[-1]
         record_key = self._record_key(tk, arch, gpu)
         if dry:
-            return tuned.default_config(w), "default", record_key, tk
+            return tuned.default_config(w), "default", record_key, tk, {}
         cfg, origin = ctx.policy.tuning_miss(
             tuned, tuning_key=tk, arch=arch, gpu=gpu, record_key=record_key,
             workload_json=wl_json, default=tuned.default_config(w),
             tune=lambda: tune_online(tuned, ctx, w, device=self._device_for(w), arch=arch,
                                      gpu=gpu, record_key=record_key, stream=stream,
                                      served=self.served_kernel))
-        self._winners[(text, arch, gpu)] = (cfg, origin, record_key)
-        return cfg, origin, record_key, tk
+        self._winners[(text, arch, gpu)] = (cfg, origin, record_key, {})
+        return cfg, origin, record_key, tk, {}
 
     def _record_key(self, tk: list, arch: str, gpu: str) -> str | None:
         """The cache key of the tuning record of ``tk`` (None without a toolchain)."""
@@ -352,6 +361,26 @@ class Resolver:
             raise KernelCallError(f"kernel {self.tuned.name!r}: arguments are on different "
                                   f"GPUs ({shown}); put them on one device")
         return next(iter(devices))
+
+
+#: The most layout classes a record's ``by_class`` is read for (a bucket over 3 Dims has 27).
+MAX_CLASSES = 32
+
+
+def class_winners(raw: Any, kernel: str) -> dict[str, Config]:
+    """A record's ``by_class`` entry read defensively (it comes from a cache that may be
+    shared): per layout class (`ctbuild.bucket_map.layout_class`, a short text) a config given
+    as a JSON object; anything else is skipped (the record's own ``config`` serves it), and
+    an entry of more than `MAX_CLASSES` is not read."""
+    if not isinstance(raw, dict) or len(raw) > MAX_CLASSES:
+        return {}
+    out = {}
+    for cls, entry in raw.items():
+        config = entry.get("config") if isinstance(entry, dict) else None
+        if isinstance(cls, str) and len(cls) <= 256 and isinstance(config, dict) \
+                and all(isinstance(k, str) for k in config):
+            out[cls] = Config(config, kernel)
+    return out
 
 
 def _text(tuning_key: Any) -> str:

@@ -226,12 +226,13 @@ def finals(run: FleetRun, tuned: Sequence[Entry], results: dict[int, dict[str, A
 def undecided(rec: TuningRecord) -> bool:
     """Whether a key's winner is worth measuring on every GPU: its race at its own size ran
     out of budget before every finalist was a sure tie or surely slower, and the winner was
-    chosen there (not over a bucket's sizes, which the fleet's finals do not measure)."""
+    chosen there (not over a bucket's sizes or per layout class, which the fleet's finals do
+    not measure)."""
     race = rec.runoff if isinstance(rec.runoff, dict) else {}
     rule = rec.choice.get("rule") if isinstance(rec.choice, dict) else None
     splits = rec.refined.get("splits") if isinstance(rec.refined, dict) else None
     return str(race.get("stopped", "")).startswith("budget") and rule != RULE_SPAN \
-        and not splits
+        and not splits and not rec.by_class
 
 
 def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], store: Store,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .. import cutile
+from ..bucket_map import layout_class
 from ..device_table import cuda_device, nominal_device
 from ..dims import Bucket, concretize
 from ..space import Config
@@ -215,7 +216,9 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
         races.append({"raced": len(contenders), "rounds": result.rounds,
                       "stopped": result.stopped,
                       "seconds": round(time.perf_counter() - started, 4)})
-    return Span(bucket, [*sizes, dict(bucket.sizes)], [*times, top], problems, races), failures
+    sizes.append(dict(bucket.sizes))
+    return Span(bucket, sizes, [*times, top], problems, races,
+                [layout_class(size) for size in sizes]), failures
 
 
 def key_clash(tuned: TunedKernel, bucket: Bucket, points: Sequence[dict[str, int]]

@@ -78,11 +78,17 @@ def span_sizes(bucket: Bucket) -> list[dict[str, int]]:
 @dataclass
 class Group:
     """Consecutive sizes of a bucket that one config serves: indices into `Span.sizes`, the
-    winner, its worst loss, and (below the top) the split point."""
+    winner, its worst loss, (below the top) the split point, and where the sizes of another
+    layout class want another config, the winner of each class (`Span.pick`)."""
     members: list[int]
     winner: Config
     worst_pct: float
     point: dict[str, int] | None = None
+    by_class: dict[str, Config] = field(default_factory=dict)
+
+    def serves(self, span: Span, i: int) -> Config:
+        """The config that serves size ``i`` of the group."""
+        return self.by_class.get(span.cls(i), self.winner)
 
 
 @dataclass
@@ -94,6 +100,8 @@ class Span:
     problems: list[str] = field(default_factory=list)
     #: per size below the top, what its race cost: candidates raced, rounds, why it stopped
     races: list[dict[str, Any]] = field(default_factory=list)
+    #: per size, its layout class (`ctbuild.bucket_map.layout_class`: which CUBIN it runs)
+    classes: list[str] = field(default_factory=list)
 
     @property
     def top(self) -> int:
@@ -104,13 +112,53 @@ class Span:
         fastest = min(t.mean_us for t in self.times[i].values())
         return self.times[i][cfg].mean_us / fastest - 1
 
+    def cls(self, i: int) -> str:
+        """The layout class of size ``i`` ("" unknown)."""
+        return self.classes[i] if i < len(self.classes) else ""
+
+    def _kinds(self, members: Sequence[int]) -> dict[str, list[int]]:
+        """``members`` by layout class; {} where a class is unknown."""
+        kinds: dict[str, list[int]] = {}
+        for i in members:
+            kinds.setdefault(self.cls(i), []).append(i)
+        return {} if "" in kinds else kinds
+
+    def cost(self, members: Sequence[int]) -> float:
+        """The least worst loss over ``members`` that one config, or one per layout class,
+        leaves."""
+        single = min(self.worst(members).values(), default=1.0)
+        kinds = self._kinds(members)
+        if len(kinds) < 2:
+            return single
+        return min(single, max(min(self.worst(m).values(), default=1.0)
+                               for m in kinds.values()))
+
     def worst(self, members: Sequence[int]) -> dict[Config, float]:
         """Per config timed at every one of ``members``, its worst loss there."""
         common = set.intersection(*(set(self.times[i]) for i in members))
         return {c: max(self.loss(i, c) for i in members) for c in common}
 
     def pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
-             band: TieBand) -> tuple[Config, float]:
+             band: TieBand, rep: int) -> Group:
+        """The group of ``members``: the config with the smallest worst loss over them, by the
+        tie rule applied to worst losses, and that loss; where that loss exceeds the band and
+        the sizes come in several layout classes (`ctbuild.bucket_map.layout_class`: a size
+        divisible by 16 runs another CUBIN than one that is not, and a tile may fit one and
+        not the other), each class's own winner when that leaves less loss: the group's
+        winner is then the one of ``rep``'s class (its split point, or the bucket's top)."""
+        winner, worst = self._pick(members, order, default, band)
+        kinds = self._kinds(members)
+        if worst * 100 <= band.percent or len(kinds) < 2:
+            return Group(list(members), winner, worst)
+        per = {k: self._pick(m, order, default, band) for k, m in sorted(kinds.items())}
+        apart = max(w for _, w in per.values())
+        if apart >= worst:
+            return Group(list(members), winner, worst)
+        return Group(list(members), per[self.cls(rep)][0], apart,
+                     by_class={k: c for k, (c, _) in per.items()})
+
+    def _pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
+              band: TieBand) -> tuple[Config, float]:
         """(the config with the smallest worst loss over ``members``, by the tie rule applied
         to worst losses; that loss)."""
         worst = self.worst(members)
@@ -135,19 +183,21 @@ class Span:
               ) -> tuple[list[Group], str | None]:
         """The groups the bucket is served by, in the order the runtime tries their split
         points, the top last (one: unsplit), and why it is not split further where its worst
-        loss still exceeds the band (None: it does not). The split along the Dim that leaves
+        loss still exceeds the band (None: it does not). A winner per layout class (`pick`)
+        comes before any split; ``limit`` 0 (``--no-refine``) allows neither. The split along the Dim that leaves
         the smallest worst loss (then the fewest groups); where the top group still loses
         more than the band and splits are left, it is split again along another Dim (its
         points come after the first split's: the runtime serves a size by the first point
         that holds it). ``refuse(points)``: why a split at these points cannot be recorded
         (None: it can); a refused split leaves the bucket whole, for that reason."""
         everything = list(range(len(self.sizes)))
-        winner, worst = self.pick(everything, order, default, band)
-        whole = Group(everything, winner, worst)
-        if worst * 100 <= band.percent:
+        if limit == 0:  # one winner for the whole bucket, whatever the layout classes
+            one = Group(everything, *self._pick(everything, order, default, band))
+            return [one], ("splitting is off (--no-refine)"
+                           if one.worst_pct * 100 > band.percent else None)
+        whole = self.pick(everything, order, default, band, self.top)
+        if whole.worst_pct * 100 <= band.percent:
             return [whole], None
-        if limit == 0:
-            return [whole], "splitting is off (--no-refine)"
         return self._split(order, default, band, limit, refuse or (lambda points: None), [])
 
     def _split(self, order: Sequence[Config], default: Config | None, band: TieBand,
@@ -158,7 +208,7 @@ class Span:
         done = {n for g in before if g.point for n, v in g.point.items()
                 if v < self.sizes[self.top][n]}
         everything = list(range(len(self.sizes)))
-        whole = Group(everything, *self.pick(everything, order, default, band))
+        whole = self.pick(everything, order, default, band, self.top)
         tries: list[tuple[list[Group], str, str | None]] = []
         for name, line in self.lines().items():
             if name in done or len(line) < 2:
@@ -188,8 +238,8 @@ class Span:
         band: none), then the loss beyond the band summed over the sizes, then the groups."""
         floor = band.percent / 100
         return (max(max(floor, g.worst_pct) for g in groups),
-                sum(max(0.0, self.loss(i, g.winner) - floor) for g in groups for i in g.members
-                    if g.winner in self.times[i]), len(groups))
+                sum(max(0.0, self.loss(i, g.serves(self, i)) - floor) for g in groups
+                    for i in g.members if g.serves(self, i) in self.times[i]), len(groups))
 
     def _nest(self, groups: list[Group], why: str | None, order: Sequence[Config],
               default: Config | None, band: TieBand, limit: int,
@@ -203,7 +253,8 @@ class Span:
         if left < 1:
             return groups, why or f"the split limit ({limit}) is reached"
         top = sorted(groups[-1].members, key=lambda i: i == self.top)
-        sub = Span(self.bucket, [self.sizes[i] for i in top], [self.times[i] for i in top])
+        sub = Span(self.bucket, [self.sizes[i] for i in top], [self.times[i] for i in top],
+                   classes=[self.cls(i) for i in top])
         nested, nested_why = sub._split(order, default, band, left, refuse,
                                         [*before, *groups[:-1]])
         if len(nested) < 2 or max(g.worst_pct for g in nested) >= groups[-1].worst_pct:
@@ -238,8 +289,7 @@ class Span:
         hi = len(line) - 1
         while hi >= 0:
             lo = hi
-            while lo > 0 and min(self.worst(held(lo - 1, hi)).values(),
-                                 default=1.0) * 100 <= band.percent:
+            while lo > 0 and self.cost(held(lo - 1, hi)) * 100 <= band.percent:
                 lo -= 1
             runs.insert(0, line[lo:hi + 1])
             hi = lo - 1
@@ -263,29 +313,36 @@ class Span:
                 members[next(k for k, b in enumerate(bounds) if v <= b)].append(i)
         groups: list[Group] = []
         for m, b in zip(members, bounds):
-            winner, worst = self.pick(m, order, default, band)
-            if groups and groups[-1].winner == winner:
-                m = groups.pop().members + m
-                winner, worst = self.pick(m, order, default, band)
-            groups.append(Group(m, winner, worst, {**top, name: b}))
+            point = {**top, name: b}
+            group = self.pick(m, order, default, band, self.sizes.index(point))
+            if groups and (groups[-1].winner, groups[-1].by_class) == \
+                    (group.winner, group.by_class):
+                group = self.pick(groups.pop().members + m, order, default, band,
+                                  self.sizes.index(point))
+            group.point = point
+            groups.append(group)
         groups[-1].point = None
         return groups
 
     def regret_json(self, group: Group, bucket: dict[str, int], unsplit: str | None = None
                     ) -> dict[str, Any]:
         """The record's ``regret`` entry of a group's winner: its loss at each of the group's
-        sizes (its own point, where it was chosen, included), the worst, every config's worst
-        loss over those sizes (what the choice was made on), and why the bucket was not split
+        sizes (its own point, where it was chosen, included; a size of a layout class with its
+        own winner at that winner's), the worst, every config's worst loss over those sizes
+        (what the choice was made on), the winners by class, and why the bucket was not split
         further (``unsplit``)."""
         rows: list[dict[str, Any]] = []
         for i in group.members:
-            if group.winner not in self.times[i]:
+            served = group.serves(self, i)
+            if served not in self.times[i]:
                 continue
             fastest = min(self.times[i].values(), key=lambda t: t.mean_us)
             rows.append({"sizes": self.sizes[i], "fastest": fastest.config.to_json(),
-                         "winner_us": self.times[i][group.winner].mean_us,
+                         "winner_us": self.times[i][served].mean_us,
                          "fastest_us": fastest.mean_us,
-                         "regret_pct": round(100 * self.loss(i, group.winner), 3),
+                         "regret_pct": round(100 * self.loss(i, served), 3),
+                         "layout_class": self.cls(i) or None,
+                         **({"served": served.to_json()} if served != group.winner else {}),
                          **(self.races[i] if i < len(self.races) else {})})
         worst = sorted(((w, c.to_json()) for c, w in self.worst(group.members).items()),
                        key=lambda wc: wc[0])
@@ -293,6 +350,7 @@ class Span:
                 "max_pct": max((r["regret_pct"] for r in rows), default=None),
                 "worst": [{"config": c, "worst_pct": round(100 * w, 3)} for w, c in worst],
                 "worst_pct": round(100 * group.worst_pct, 3), "unsplit": unsplit,
+                "by_class": {k: c.to_json() for k, c in group.by_class.items()} or None,
                 "problems": list(self.problems)}
 
     def as_split(self, group: Group, served: Config) -> Split:

@@ -50,6 +50,7 @@ from ..toolchain import toolchain_for
 from .choice import RULE_SPAN
 from .inputs import has_specs
 from .measuring import Benches, Measured, TuneSettings, config_key, measure
+from .span import Group
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store
@@ -315,7 +316,8 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str, m:
         refined=None if m.span is None else refined_json(
             [m.span.as_split(g, top.winner) for g in m.groups[:-1]] if top else [],
             settings.max_splits),
-        check=m.check, compiled_during_tune=len(compiled), compiles_during_measurement=compiles,
+        by_class=_by_class(top), check=m.check, compiled_during_tune=len(compiled),
+        compiles_during_measurement=compiles,
         measure_seconds=round(m.seconds, 3), seconds=round(seconds, 3),
         phase_seconds={k: round(v, 3) for k, v in m.phases.items()},
         source="online" if real else "workload", tuned_at=_now())
@@ -345,9 +347,16 @@ def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: st
             choice={"rule": RULE_SPAN, "band": parent.choice["band"] if parent.choice else None,
                     "fastest": min(at.values(), key=lambda t: t.mean_us).config.to_json(),
                     "ties": []},
-            runoff=None, regret=m.span.regret_json(g, g.point),
+            runoff=None, regret=m.span.regret_json(g, g.point), by_class=_by_class(g),
             refined=None, source="split", phase_seconds={}, measure_seconds=None,
             seconds=None)
+
+
+def _by_class(group: Group | None) -> dict[str, Any] | None:
+    """A record's ``by_class``: each layout class's winner, where the group has them."""
+    if group is None or not group.by_class:
+        return None
+    return {k: {"config": c.to_json()} for k, c in group.by_class.items()}
 
 
 def context_ok() -> bool:

@@ -159,20 +159,20 @@ def test_a_kernels_own_max_splits_wins_over_refine_and_no_refine_over_both() -> 
 
 def test_a_key_that_cannot_tell_split_points_apart_leaves_the_bucket_unsplit(
         runtime_store, monkeypatch) -> None:
-    """A pow2 tuning key gives N=129..256 one key: a split there would overwrite the bucket's
+    """A pow2 tuning key gives N=257..300 one key: a split there would overwrite the bucket's
     own record, so the bucket stays whole and its record says why."""
     import ctbuild
     from ctbuild import Dim, Tensor
     from ctbuild.tune.tuner import Device, tune_workload
     pow2 = ctbuild.autotune(space={"TILE": [16, 32]}, grid=lambda cfg, w: (1,),
                             key=ctbuild.key(bucket={"X": {0: ctbuild.pow2}}),
-                            workloads=[{"X": Tensor((Dim("N", 1, 256, buckets=[256]),),
+                            workloads=[{"X": Tensor((Dim("N", 1, 300, buckets=[300]),),
                                                     "float32")}],
                             name="split_pow2")(split_limit)
     [w] = pow2.workloads
 
-    def seconds(cfg, n):  # TILE=16 10% faster below 200, 10% slower above
-        return 10.0 * (1.0 if (cfg.TILE == 16) == (n < 200) else 1.1)
+    def seconds(cfg, n):  # TILE=16 10% faster up to N=257 (raced), 10% slower at 300
+        return 10.0 * (1.0 if (cfg.TILE == 16) == (n < 280) else 1.1)
 
     _fake_measurement(monkeypatch, seconds)
     _prime(runtime_store, pow2, w)
@@ -181,3 +181,44 @@ def test_a_key_that_cannot_tell_split_points_apart_leaves_the_bucket_unsplit(
                         input_device="cpu", timeout_s=None)
     assert rec.refined["splits"] == []
     assert "tuning key gives the split point" in rec.regret["unsplit"], rec.regret
+
+
+def test_sizes_of_another_layout_class_get_their_own_winner(runtime_store, monkeypatch) -> None:
+    """TILE=2048 is 10% faster where N is a multiple of 16 (another CUBIN: shape
+    divisibility), TILE=1024 at the other sizes: no interval of sizes separates them, one
+    winner per layout class does. The record keeps both, the bucket is not split, and the
+    runtime serves each size with its class's winner."""
+    from ctbuild import runtime
+    from ctbuild.specs import Tensor
+
+    def seconds(cfg, n):
+        fast = (cfg.TILE == 2048) == (n % 16 == 0)
+        return 10.0 * (1 + 0.001 * cfg.occupancy) * (1.0 if fast else 1.1)
+
+    entry, s = _tune(runtime_store, monkeypatch, seconds)
+    rec = s["record"]
+    assert {k: v["config"]["TILE"] for k, v in rec["by_class"].items()} == \
+        {"N:16": 2048, "N:n": 1024}, rec
+    assert rec["config"]["TILE"] == 2048 and rec["refined"]["splits"] == []
+    from ctbuild.commands.tune import span_lines
+    [line] = span_lines(s)
+    assert re.search(r'a winner per layout class: N:16 \{"TILE": 2048, .*N:n \{"TILE": 1024',
+                     line), line
+    assert rec["regret"]["worst_pct"] < 1 and {r["layout_class"] for r in
+                                               rec["regret"]["sizes"]} == {"N:16", "N:n"}
+    from ctbuild.dims import concretize
+    odd = concretize(entry.kernel.buckets[entry.workload].declared, {"N": 513})
+    _prime(runtime_store, entry.kernel, odd)  # the CUBINs of the sizes not divisible by 16
+    runtime.configure(store=runtime_store, mode="default")
+    for n in (513, 1000, 2049, 4000, 4096, 1024, 3008):
+        t = Tensor((n,), "float32")
+        e = entry.kernel.explain(t, t, t, arch="sm_90", gpu=GPU)
+        assert e["config_from"] == "record" and \
+            e["config"]["TILE"] == (2048 if n % 16 == 0 else 1024), (n, e)
+    # --no-refine keeps one winner for the whole bucket
+    _, s = _tune(runtime_store, monkeypatch, seconds, refine=0)
+    assert s["record"]["by_class"] is None
+    # a hostile by_class entry is skipped: the record's own config serves
+    from ctbuild.serve.resolve import class_winners
+    assert class_winners({"N:n": {"config": [1]}, "N:16": "x", 3: {"config": {}}}, "k") == {}
+    assert class_winners({str(i): {"config": {}} for i in range(33)}, "k") == {}
