@@ -123,31 +123,21 @@ class Span:
             kinds.setdefault(self.cls(i), []).append(i)
         return {} if "" in kinds else kinds
 
-    def cost(self, members: Sequence[int]) -> float:
-        """The least worst loss over ``members`` that one config, or one per layout class,
-        leaves."""
-        single = min(self.worst(members).values(), default=1.0)
-        kinds = self._kinds(members)
-        if len(kinds) < 2:
-            return single
-        return min(single, max(min(self.worst(m).values(), default=1.0)
-                               for m in kinds.values()))
-
     def worst(self, members: Sequence[int]) -> dict[Config, float]:
         """Per config timed at every one of ``members``, its worst loss there."""
         common = set.intersection(*(set(self.times[i]) for i in members))
         return {c: max(self.loss(i, c) for i in members) for c in common}
 
     def pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
-             band: TieBand, rep: int) -> Group:
+             band: TieBand, rep: int, classes: bool = False) -> Group:
         """The group of ``members``: the config with the smallest worst loss over them, by the
-        tie rule applied to worst losses, and that loss; where that loss exceeds the band and
-        the sizes come in several layout classes (`ctbuild.bucket_map.layout_class`: a size
+        tie rule applied to worst losses, and that loss; with ``classes``, where that loss
+        exceeds the band and the sizes come in several layout classes (`ctbuild.bucket_map.layout_class`: a size
         divisible by 16 runs another CUBIN than one that is not, and a tile may fit one and
         not the other), each class's own winner when that leaves less loss: the group's
         winner is then the one of ``rep``'s class (its split point, or the bucket's top)."""
         winner, worst = self._pick(members, order, default, band)
-        kinds = self._kinds(members)
+        kinds = self._kinds(members) if classes else {}
         if worst * 100 <= band.percent or len(kinds) < 2:
             return Group(list(members), winner, worst)
         per = {k: self._pick(m, order, default, band) for k, m in sorted(kinds.items())}
@@ -183,8 +173,10 @@ class Span:
               ) -> tuple[list[Group], str | None]:
         """The groups the bucket is served by, in the order the runtime tries their split
         points, the top last (one: unsplit), and why it is not split further where its worst
-        loss still exceeds the band (None: it does not). A winner per layout class (`pick`)
-        comes before any split; ``limit`` 0 (``--no-refine``) allows neither. The split along the Dim that leaves
+        loss still exceeds the band (None: it does not). Where a winner per layout class
+        serves the whole bucket within the band, it is not split (`_by_layout`); else a group
+        of the split that still loses more than the band gets them where that helps;
+        ``limit`` 0 (``--no-refine``) allows neither. The split along the Dim that leaves
         the smallest worst loss (then the fewest groups); where the top group still loses
         more than the band and splits are left, it is split again along another Dim (its
         points come after the first split's: the runtime serves a size by the first point
@@ -196,9 +188,30 @@ class Span:
             return [one], ("splitting is off (--no-refine)"
                            if one.worst_pct * 100 > band.percent else None)
         whole = self.pick(everything, order, default, band, self.top)
+        if whole.worst_pct * 100 > band.percent:  # a winner per layout class may serve all
+            whole = self._by_layout(whole, order, default, band)
         if whole.worst_pct * 100 <= band.percent:
             return [whole], None
-        return self._split(order, default, band, limit, refuse or (lambda points: None), [])
+        groups, why = self._split(order, default, band, limit, refuse or (lambda points: None),
+                                  [])
+        groups = [self._by_layout(g, order, default, band) for g in groups]
+        return groups, why if max(g.worst_pct for g in groups) * 100 > band.percent else None
+
+    def _by_layout(self, group: Group, order: Sequence[Config], default: Config | None,
+                   band: TieBand) -> Group:
+        """``group`` with a winner per layout class, where it loses more than the band and that
+        leaves less loss. Only for a whole bucket it serves within the band, or after the
+        split: a class's winner is chosen on fewer sizes than the group's (measured: splitting
+        by class first served the sizes between the raced ones worse, `bucket_regret.py
+        --measure`)."""
+        if group.worst_pct * 100 <= band.percent:
+            return group
+        rep = self.sizes.index(group.point) if group.point else self.top
+        by = self.pick(group.members, order, default, band, rep, classes=True)
+        if not by.by_class or by.worst_pct >= group.worst_pct:
+            return group
+        by.point = group.point
+        return by
 
     def _split(self, order: Sequence[Config], default: Config | None, band: TieBand,
                limit: int, refuse: Callable[[list[dict[str, int]]], str | None],
@@ -289,7 +302,8 @@ class Span:
         hi = len(line) - 1
         while hi >= 0:
             lo = hi
-            while lo > 0 and self.cost(held(lo - 1, hi)) * 100 <= band.percent:
+            while lo > 0 and min(self.worst(held(lo - 1, hi)).values(),
+                                 default=1.0) * 100 <= band.percent:
                 lo -= 1
             runs.insert(0, line[lo:hi + 1])
             hi = lo - 1
