@@ -136,7 +136,9 @@ class Resolver:
                 other = self._cover(alt, spec_w, arch)
                 if other[1] is not None:  # this size's layout class has its own winner
                     cfg, cover = alt, other
-            if cover[1] is None and cfg != default:
+            if cover[1] is None and cfg != default and config_from != "online":
+                # a recorded winner without its CUBIN: the default's, if cached, rather than a
+                # JIT; a winner tuned online in this process is served as measured (JIT)
                 fallback = self._cover(default, spec_w, arch)
                 if fallback[1] is not None:
                     cfg, config_from, cover = default, "fallback", fallback
