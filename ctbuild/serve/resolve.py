@@ -129,19 +129,8 @@ class Resolver:
                     keys.append(rep)
             cfg, config_from, record_key, tk, by_class = self._winner(w, keys, arch, gpu,
                                                                       wl_json, stream, dry)
-            cover = self._cover(cfg, spec_w, arch)
-            sizes = match(bucket.declared, spec_w) if by_class and bucket is not None else None
-            alt = by_class.get(layout_class(sizes)) if sizes is not None else None
-            if alt is not None and alt != cfg and self._in_space(alt):
-                other = self._cover(alt, spec_w, arch)
-                if other[1] is not None:  # this size's layout class has its own winner
-                    cfg, cover = alt, other
-            if cover[1] is None and cfg != default and config_from != "online":
-                # a recorded winner without its CUBIN: the default's, if cached, rather than a
-                # JIT; a winner tuned online in this process is served as measured (JIT)
-                fallback = self._cover(default, spec_w, arch)
-                if fallback[1] is not None:
-                    cfg, config_from, cover = default, "fallback", fallback
+            cfg, config_from, cover = self._served(cfg, config_from, default, by_class,
+                                                   bucket, spec_w, arch)
             compile_key, cubin_class, signature = cover
             cubin_from = "cache"
             if cubin_class is None:
@@ -161,6 +150,27 @@ class Resolver:
                             tk, record_key, compile_key, grid, kernel_args, self.served_kernel, w, wl_json,
                             reads.needs, signature, spec_w,
                             sub.to_json() if sub is not None else None, bucket_why)
+
+    def _served(self, cfg: Config, config_from: str, default: Config,
+                by_class: dict[str, Config], bucket: Bucket | None, spec_w: Workload, arch: str
+                ) -> tuple[Config, str, tuple[str | None, str | None, str | None]]:
+        """(config, where it came from, its `_cover`) a call is served with: the winner, or
+        its layout class's (`ctbuild.bucket_map.layout_class`) where the record has one and
+        its CUBIN is cached; a recorded winner whose CUBIN is not, the default's if that is
+        cached, rather than a JIT (a winner tuned online in this process is served as
+        measured)."""
+        cover = self._cover(cfg, spec_w, arch)
+        sizes = match(bucket.declared, spec_w) if by_class and bucket is not None else None
+        alt = by_class.get(layout_class(sizes)) if sizes is not None else None
+        if alt is not None and alt != cfg and self._in_space(alt):
+            other = self._cover(alt, spec_w, arch)
+            if other[1] is not None:
+                cfg, cover = alt, other
+        if cover[1] is None and cfg != default and config_from != "online":
+            fallback = self._cover(default, spec_w, arch)
+            if fallback[1] is not None:
+                return default, "fallback", fallback
+        return cfg, config_from, cover
 
     def _refined(self, bucket: Bucket, spec_w: Workload, arch: str, gpu: str
                  ) -> tuple[Bucket | None, str | None]:

@@ -40,7 +40,7 @@ def test_tuning_record_without_format_reads_as_v1_and_writes_the_same_fields() -
     # fields a v1 record did not have are written empty (how the winner was chosen: tune's)
     added = {k: v for k, v in written.items() if k not in V1_TUNING and k != "format"}
     assert added == {"choice": None, "runoff": None, "regret": None, "refined": None, "check": None,
-                     "fleet": None, "phase_seconds": {}}
+                     "fleet": None, "phase_seconds": {}, "by_class": None}
 
 
 @pytest.mark.parametrize("bad", [{**V1_TUNING, "format": 2}, {**V1_TUNING, "format": "1"},
