@@ -44,9 +44,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "benchmarks" / "kernels" / "first_build.toml"
 
 
-def measure(config: str, per_kernel: int | None) -> tuple[list[dict], dict, list[dict]]:
-    """Each measured job (as the farm gets it) with its seconds; the body check's TileIR sizes;
-    every planned job."""
+def measure(config: str, per_kernel: int | None, archs: str | None = None
+            ) -> tuple[list[dict], dict, list[dict]]:
+    """Each measured job (as the farm gets it) with its seconds (front end and tileiras); the
+    body check's TileIR sizes; every planned job. ``archs``: instead of the project's."""
     from ctbuild.compile.body_check import check_bodies
     from ctbuild.compile.compiler import _tileiras, tileir
     from ctbuild.compile.job_estimates import tile_volume
@@ -55,7 +56,7 @@ def measure(config: str, per_kernel: int | None) -> tuple[list[dict], dict, list
     from ctbuild.space import Config
     from ctbuild.specs import Workload, spec_from_json
     from ctbuild.toolchain import probe
-    project = load_project(config)
+    project = load_project(config, archs=archs)
     kernels = {k.name: k for k in project.kernels()}
     fp = probe().fingerprint
     plan = make_plan(list(kernels.values()), project.archs, fp, project.cap)
