@@ -371,7 +371,8 @@ class TunedKernel:
                 **kwargs: Any) -> dict[str, Any]:
         """What a call would be served with, without launching it: ``config``, ``config_from``,
         ``bucket`` (and ``sub_bucket``: where ``ctbuild tune --refine`` split the bucket, the
-        sub-bucket whose record serves the size, with ``bucket_why``), ``cubin_class`` (exact /
+        sub-bucket whose record serves the size, with ``bucket_why``; ``layout_class`` where
+        the record's winner for the size's layout class serves it), ``cubin_class`` (exact /
         relaxed / generic / miss), ``compile_key``, ``cached``, ``cache`` (the directory and why
         it is that one)... For a miss or an untuned call also ``why`` (what of the call no
         declared workload has: a dtype, a rank, a size, a size beyond a `Dim`'s range, a

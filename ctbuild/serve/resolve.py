@@ -70,6 +70,7 @@ class Resolved:
     spec: Workload | None = None  # the call as specs (`live_args.workload_spec`)
     sub_bucket: dict[str, int] | None = None  # the refined sub-bucket the call maps to
     bucket_why: str | None = None  # where the bucket was refined: which sub-bucket, and why
+    layout_class: str | None = None  # the layout class whose own winner serves (``by_class``)
 
     @property
     def served(self) -> ServedKernel:
@@ -129,8 +130,8 @@ class Resolver:
                     keys.append(rep)
             cfg, config_from, record_key, tk, by_class = self._winner(w, keys, arch, gpu,
                                                                       wl_json, stream, dry)
-            cfg, config_from, cover = self._served(cfg, config_from, default, by_class,
-                                                   bucket, spec_w, arch)
+            cfg, config_from, cover, by_layout = self._served(cfg, config_from, default,
+                                                              by_class, bucket, spec_w, arch)
             compile_key, cubin_class, signature = cover
             cubin_from = "cache"
             if cubin_class is None:
@@ -149,28 +150,29 @@ class Resolver:
                             bucket.to_json() if bucket is not None else None, arch, gpu, device,
                             tk, record_key, compile_key, grid, kernel_args, self.served_kernel, w, wl_json,
                             reads.needs, signature, spec_w,
-                            sub.to_json() if sub is not None else None, bucket_why)
+                            sub.to_json() if sub is not None else None, bucket_why, by_layout)
 
     def _served(self, cfg: Config, config_from: str, default: Config,
                 by_class: dict[str, Config], bucket: Bucket | None, spec_w: Workload, arch: str
-                ) -> tuple[Config, str, tuple[str | None, str | None, str | None]]:
-        """(config, where it came from, its `_cover`) a call is served with: the winner, or
-        its layout class's (`ctbuild.bucket_map.layout_class`) where the record has one and
-        its CUBIN is cached; a recorded winner whose CUBIN is not, the default's if that is
-        cached, rather than a JIT (a winner tuned online in this process is served as
-        measured)."""
+                ) -> tuple[Config, str, tuple[str | None, str | None, str | None], str | None]:
+        """(config, where it came from, its `_cover`, the layout class whose winner it is) a
+        call is served with: the winner, or its layout class's
+        (`ctbuild.bucket_map.layout_class`) where the record has one and its CUBIN is cached;
+        a recorded winner whose CUBIN is not, the default's if that is cached, rather than a
+        JIT (a winner tuned online in this process is served as measured)."""
         cover = self._cover(cfg, spec_w, arch)
         sizes = match(bucket.declared, spec_w) if by_class and bucket is not None else None
-        alt = by_class.get(layout_class(sizes)) if sizes is not None else None
+        cls = layout_class(sizes) if sizes is not None else None
+        alt = by_class.get(cls) if cls is not None else None
         if alt is not None and alt != cfg and self._in_space(alt):
             other = self._cover(alt, spec_w, arch)
             if other[1] is not None:
-                cfg, cover = alt, other
+                return alt, config_from, other, cls
         if cover[1] is None and cfg != default and config_from != "online":
             fallback = self._cover(default, spec_w, arch)
             if fallback[1] is not None:
-                return default, "fallback", fallback
-        return cfg, config_from, cover
+                return default, "fallback", fallback, None
+        return cfg, config_from, cover, None
 
     def _refined(self, bucket: Bucket, spec_w: Workload, arch: str, gpu: str
                  ) -> tuple[Bucket | None, str | None]:
@@ -410,4 +412,5 @@ def explanation(res: Resolved, kernel: str, mode: str) -> dict[str, Any]:
             "tuning_key": res.tuning_key, "record_key": res.record_key, "arch": res.arch,
             "gpu": res.gpu, "grid": list(res.grid), "mode": mode,
             "workload": res.workload_json, "sub_bucket": res.sub_bucket,
-            **({"bucket_why": res.bucket_why} if res.bucket_why else {})}
+            **({"bucket_why": res.bucket_why} if res.bucket_why else {}),
+            **({"layout_class": res.layout_class} if res.layout_class else {})}

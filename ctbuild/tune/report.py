@@ -320,11 +320,20 @@ def _regret_text(rec: dict[str, Any]) -> str:
         + "; ".join(_esc(", ".join(f"{k}≤{v}" for k, v in sz.items())) for sz in splits
                     if isinstance(sz, dict))
         + ", each served from its own record.</p>")
+    by_class = rec.get("by_class") if isinstance(rec.get("by_class"), dict) else {}
+    if by_class:
+        split_text += ("<p>A winner per layout class (a size divisible by 16 runs another CUBIN "
+                       "than one that is not): " + "; ".join(
+                           f"{_esc(str(k))} "
+                           f"{_esc(_cfg(v.get('config') if isinstance(v, dict) else v))}"
+                           for k, v in sorted(by_class.items(), key=lambda kv: str(kv[0])))
+                       + ".</p>")
     if regret.get("unsplit"):
         split_text += f'<p class="failed">Not split further: {_esc(regret["unsplit"])}.</p>'
     return ("<p>Loss of the winner at the sizes its bucket serves (its time over the fastest "
-            "candidate's there):</p><table><tr><th>size</th><th>loss</th><th>fastest there"
-            "</th></tr>" + cells + "</table>" + split_text)
+            "candidate's there; a size of a layout class with its own winner: that one's):"
+            "</p><table><tr><th>size</th><th>loss</th><th>fastest there</th></tr>" + cells
+            + "</table>" + split_text)
 
 
 def _kernel_section(name: str, items: list[tuple[int, dict[str, Any]]]) -> str:

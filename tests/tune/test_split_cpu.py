@@ -215,6 +215,11 @@ def test_sizes_of_another_layout_class_get_their_own_winner(runtime_store, monke
         e = entry.kernel.explain(t, t, t, arch="sm_90", gpu=GPU)
         assert e["config_from"] == "record" and \
             e["config"]["TILE"] == (2048 if n % 16 == 0 else 1024), (n, e)
+        assert e.get("layout_class") == (None if n % 16 == 0 else "N:n"), (n, e)
+    from ctbuild.tune.report import _regret_text
+    page = _regret_text(rec)
+    assert "A winner per layout class" in page and "N:n TILE=1024" in page, page
+    assert "N:n [1]" in _regret_text({**rec, "by_class": {"N:n": [1]}})  # hostile: shown, no crash
     # --no-refine keeps one winner for the whole bucket
     _, s = _tune(runtime_store, monkeypatch, seconds, refine=0)
     assert s["record"]["by_class"] is None
