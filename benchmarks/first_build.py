@@ -15,9 +15,10 @@ a real build's worker-seconds go.
    correlation of estimates and measured seconds.
 2. The farm's order on N workers (``--workers``), simulated with those measured seconds: each
    free worker takes the first job in the ranking, the estimator plans its scouts and learns
-   from each result as in a build (no batching, no start-up). The simulated end over the floor
-   max(sum / N, longest job), ranked by the tile volume alone, by TileIR size, and by the
-   measured seconds themselves.
+   from each result, and from each job still running at each of the driver's ticks, as in a
+   build (no batching, no start-up). The simulated end over the floor max(sum / N, longest
+   job), ranked by the tile volume alone, by TileIR size, and by the measured seconds
+   themselves.
 3. ``--build``: ``ctbuild precompile --json --report`` into a fresh cache on this machine
    (``--build-workers``, default all cores): ``plan``'s estimate over its compile seconds, its
    run over the floor, when its longest job started, and its worker-seconds split into
@@ -114,21 +115,29 @@ def accuracy(rows: list[dict], guess: Callable[[dict], float]) -> dict[str, Any]
 
 def simulate(rows: list[dict], workers: int, estimate: Any) -> float:
     """When the last job ends on ``workers`` workers taking jobs in ``estimate``'s ranking,
-    re-ranked whenever its ``learn`` says so (a `JobEstimator`, or a plain callable)."""
+    re-ranked whenever its ``learn`` says so, or its ``running``, told each tick of the farm's
+    driver how long each job still running has run (a `JobEstimator`, or a plain callable)."""
+    from ctbuild.farm.driver import TICK_SECONDS
     jobs = [r["job"] for r in rows]
     seconds = {r["job"]["key"]: r["seconds"] for r in rows}
     if hasattr(estimate, "plan"):
         estimate.plan(jobs)
+    learn, running = getattr(estimate, "learn", None), getattr(estimate, "running", None)
     pending = sorted(jobs, key=lambda j: -estimate(j))
-    running: list[tuple[float, str, int]] = []
+    ends: list[tuple[float, str]] = []   # (when, key) of the jobs running
+    began: dict[str, float] = {}
     by_key = {j["key"]: j for j in jobs}
-    now = 0.0
-    while pending or running:
-        while pending and len(running) < workers:
+    now = tick = 0.0
+    while pending or ends:
+        while pending and len(ends) < workers:
             job = pending.pop(0)
-            heapq.heappush(running, (now + seconds[job["key"]], job["key"], len(running)))
-        now, key, _ = heapq.heappop(running)
-        learn = getattr(estimate, "learn", None)
+            began[job["key"]] = now
+            heapq.heappush(ends, (now + seconds[job["key"]], job["key"]))
+        while running is not None and tick + TICK_SECONDS < ends[0][0]:
+            tick += TICK_SECONDS
+            if any([running(by_key[k], tick - began[k]) for _, k in ends if began[k] < tick]):
+                pending.sort(key=lambda j: -estimate(j))
+        now, key = heapq.heappop(ends)
         if learn is not None and learn(by_key[key], seconds[key]):
             pending.sort(key=lambda j: -estimate(j))
     return now

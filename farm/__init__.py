@@ -8,7 +8,7 @@ A generic executor: it knows nothing of cuTile or ctbuild. The caller gives it
 * the cache directory, which only the driver opens (`ctbuild.cache.Store.put_compile`);
 * what the workers' environment must lose or gain (``strip_env``, ``env``), a setup hook, and
   an ``estimate(job)`` of each job's seconds for longest-first scheduling (and a ``learn(job,
-  seconds)`` that refines it as jobs finish).
+  seconds)`` that refines it as jobs finish, and a ``running(job, elapsed)`` as they run).
 
 Workers are long-lived Ray actors (one per worker slot, ``num_cpus=1, num_gpus=0``) that import
 the caller's modules and run the setup hook once, then pull batches of jobs and send each CUBIN

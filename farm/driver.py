@@ -70,6 +70,7 @@ class Driver:
         self.records: dict[str, JobRecord] = {}
         self.attempts: dict[str, int] = {}
         self.began: dict[str, float] = {}   # key -> when its worker started it (monotonic)
+        self.next_look = 0.0   # when to tell ``options.running`` of the running jobs next
 
     # ---- the cache -------------------------------------------------------------------------
     @contextmanager
@@ -195,6 +196,7 @@ class Driver:
         poll = ray_starting or any(s.worker.local for s in watched)
         got = self._receive_any(watched, self._wait_seconds(poll))
         self._cut_off_hung()
+        self._tell_running()
         if self.hooks.on_tick and not got:
             self.hooks.on_tick()
 
@@ -223,6 +225,20 @@ class Driver:
                               f"no result after {limit:.0f}s (compile timeout "
                               f"{self.options.compile_timeout:g}s plus grace): the compile hung; "
                               "its worker was killed and replaced")
+
+    def _tell_running(self) -> None:
+        """A job still running is evidence too (a kernel far slower than guessed): once a tick,
+        tell ``options.running`` how long each worker's job has run, and re-rank the jobs not
+        handed out when it says estimates moved, so a slow kernel's other long configs go to the
+        next free worker rather than after its first job ends."""
+        running, now = self.options.running, time.monotonic()
+        if running is None or now < self.next_look:
+            return
+        self.next_look = now + TICK_SECONDS
+        moved = [running(job, now - slot.since) for slot in self.pool.slots
+                 if (job := slot.current) is not None]
+        if any(moved):
+            self.scheduler.rerank()
 
     def _submit(self, slot: Slot) -> None:
         """Give the slot's worker what the scheduler says it may hold now."""
@@ -312,16 +328,8 @@ class Driver:
     def _requeue(self, slot: Slot, blame: str | None, why: str) -> None:
         """The slot's worker is gone: blame its current job (retry or fail), re-queue the rest,
         replace the worker."""
-        rest: list[dict[str, Any]] = []
-        current = None
-        # A worker runs its batches one after another, so the job it was on is the first
-        # without a result: possibly in the second batch, when the first has delivered all
-        # its records but its end has not been seen yet.
-        for b in slot.batches:
-            left = b.jobs[b.done:]
-            if current is None and left:
-                current, left = left[0], left[1:]
-            rest.extend(left)
+        current = slot.current
+        rest = [j for b in slot.batches for j in b.jobs[b.done:] if j is not current]
         slot.batches.clear()
         self.scheduler.give_back(rest)
         if current is not None:

@@ -41,6 +41,9 @@ class FarmOptions:
     estimate: Callable[[dict[str, Any]], float] | None = None  # a job's expected seconds
     # told each compiled job's seconds; True: estimates changed, re-rank the jobs not sent yet
     learn: Callable[[dict[str, Any], float], bool] | None = None
+    # told, once a tick, how long each job still running has run; True: estimates changed
+    # (a job running past its guess raised its siblings'), re-rank the jobs not sent yet
+    running: Callable[[dict[str, Any], float], bool] | None = None
     # local processes that compile while an embedded Ray starts in the background (None:
     # `default_early_workers`; 0: none); a joined cluster or a Ray already up never uses them
     early_workers: int | None = None

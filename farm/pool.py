@@ -43,6 +43,13 @@ class Slot:
     def ready(self) -> bool:
         return self.worker.ready
 
+    @property
+    def current(self) -> dict[str, Any] | None:
+        """The job its worker is on (since `since`), or None. A worker runs its batches one
+        after another, so that is the first without a record: possibly in the second batch,
+        when the first has delivered all its records but its end has not been seen yet."""
+        return next((b.jobs[b.done] for b in self.batches if b.done < len(b.jobs)), None)
+
 
 class WorkerPool:
     """The worker slots of one farm, and the Ray they run on (`RayStart`)."""

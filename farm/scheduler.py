@@ -1,12 +1,13 @@
 """Which jobs go out next, and in what batches: longest first, sized to the work left.
 
 Jobs go out longest first (by the caller's ``estimate``, re-ranked whenever its ``learn`` says
-a finished job changed it), each worker as soon as it is warm (no waiting for the others).
-Every worker slot has at most two batches queued (one running, one waiting, so it never idles
-between batches), but nothing waits behind a long batch (over a batch's share) and a long job
-only goes to a worker with nothing queued: work queued behind a long job on one worker, while
-others idle, sets the finish time. A batch holds about 1/(4 x workers) of the estimated work
-left (guided self-scheduling), so small jobs are batched and the tail stays balanced.
+a finished job changed it, or its ``running`` says a job still running did), each worker as
+soon as it is warm (no waiting for the others). Every worker slot has at most two batches
+queued (one running, one waiting, so it never idles between batches), but nothing waits behind
+a long batch (over a batch's share) and a long job only goes to a worker with nothing queued:
+work queued behind a long job on one worker, while others idle, sets the finish time. A batch
+holds about 1/(4 x workers) of the estimated work left (guided self-scheduling), so small jobs
+are batched and the tail stays balanced.
 
 Concurrent builds into one cache do not compile a key twice: a job is handed out only under its
 claim (`ctbuild.farm.claims`); a job claimed by another build waits until that build stores it (then it

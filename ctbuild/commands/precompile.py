@@ -243,6 +243,7 @@ def _build(args: argparse.Namespace, project: Project, kernels: list[TunedKernel
             record_in(store, toolchain)
             estimate = estimator(store, tileir_bytes)
             farm.options.estimate, farm.options.learn = estimate, estimate.learn
+            farm.options.running = estimate.running
             _use_local(args, farm, store, list(jobs.values()), estimate)
     except (CacheError, OSError, ValueError, sqlite3.Error) as exc:
         return fail(f"cache {project.cache_dir}: {exc}")

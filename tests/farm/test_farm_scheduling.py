@@ -6,6 +6,7 @@ waited for; test_farm_executor.py and test_farm_early_workers.py run it over Ray
 from __future__ import annotations
 
 import io
+import math
 import sys
 from pathlib import Path
 
@@ -79,6 +80,71 @@ def test_a_kernel_slower_than_guessed_is_rescaled_and_recorded_jobs_are_not(tmp_
     assert estimate(gemm) == before[2] and estimate(recorded) == 0.5  # others unchanged
     assert not estimate.learn(attn[0], before[0] * 21)  # a small move: no re-rank asked
     assert not estimate.learn(recorded, 9.0) and estimate(recorded) == 0.5
+
+
+def test_a_job_running_past_its_guess_raises_its_kernels_other_guesses(tmp_path):
+    estimate = _estimator_recording(tmp_path, 0.5)
+    attn = [{"key": f"a{t}", "kernel": "attn", "arch": "sm_90", "config": {"BM": t}}
+            for t in (32, 64, 128)]
+    scout, gemm = attn[2], {"key": "g", "kernel": "gemm", "arch": "sm_90", "config": {"TM": 64}}
+    recorded = _job("r", {"T": 64})
+    jobs = [*attn, gemm, recorded]
+    estimate.plan(jobs)
+    before = {j["key"]: estimate(j) for j in jobs}
+    guessed = estimate.guess(scout)
+    assert not estimate.running(scout, guessed / 2)  # within its guess: says nothing
+    assert {j["key"]: estimate(j) for j in jobs} == before
+    # still running at 10x its guess: its kernel's other configs are guessed 10x longer
+    assert estimate.running(scout, guessed * 10)
+    assert all(math.isclose(estimate(j), before[j["key"]] * 10) for j in attn[:2])
+    assert estimate(gemm) == before["g"] and estimate(recorded) == 0.5  # others unchanged
+    assert not estimate.running(scout, guessed * 11)  # a small move: no re-rank asked
+    assert not estimate.running(recorded, 60.0) and estimate(recorded) == 0.5
+    # its result replaces the bound, even below it
+    assert estimate.learn(scout, guessed * 3)
+    assert math.isclose(estimate(attn[0]), before["a32"] * 3)
+    # a bound below what the results say lowers nothing
+    assert not estimate.running(attn[0], estimate.guess(attn[0]) * 2)
+    assert math.isclose(estimate(attn[1]), before["a64"] * 3)
+
+
+def test_a_kernels_long_config_goes_out_while_its_first_job_still_runs(tmp_path):
+    # "s": a kernel compiled before (0.105 s a job); "pd": one never compiled, guessed from
+    # its tile volumes: p1 0.112 s (its scout, first out), p2 0.1005 s (last, below the s jobs)
+    with Store(tmp_path / "c", readonly=False) as store:
+        for i in range(4):
+            store.put_compile(f"old{i}", b"x", symbol="s", meta={
+                "kernel": "s", "arch": "sm_90", "config": {"n": i}, "compile_seconds": 0.105})
+        estimate = estimator(store)
+    log, p2_began, ranked = (str(tmp_path / n) for n in ("compiles.log", "p2-began", "ranked"))
+    pd = {"kernel": "pd", "arch": "sm_90", "log": log}
+    p1 = {**pd, "key": "p1", "payload": "p1", "config": {"T": 1024}, "until": p2_began}
+    p2 = {**pd, "key": "p2", "payload": "p2", "config": {"T": 16}, "mark": p2_began}
+    small = [{"key": f"s{i}", "payload": f"s{i}", "kernel": "s", "arch": "sm_90",
+              "config": {"n": i}, "log": log} for i in range(4)]
+    # the first s job lasts until the estimates, told that p1 still runs, rank p2 above them
+    small[0]["until"] = ranked
+    jobs = [p2, *small, p1]
+    estimate.plan(jobs)
+    assert [j["key"] for j in sorted(jobs, key=lambda j: -estimate(j))] == [
+        "p1", "s0", "s1", "s2", "s3", "p2"]
+
+    def running(job: dict, elapsed: float) -> bool:
+        moved = estimate.running(job, elapsed)
+        if estimate(p2) > estimate(small[0]):
+            Path(ranked).touch()
+        return moved
+
+    with Farm(tmp_path / "c", "farm_fixture_fns:echo_compile", workers=2, max_batch=1,
+              sys_paths=[str(FIXTURE)], local_only=True, estimate=estimate,
+              learn=estimate.learn, running=running) as farm:
+        result = farm.run(jobs)
+    assert result.count("compiled") == 6
+    events = [(sign, key) for sign, key, _ in read_log(log)]
+    began = [key for sign, key in events if sign == "+"]
+    # p1 and an s job went out first; p2 next, on the worker that s job left, while p1 ran
+    assert {began[0], began[1]} == {"p1", "s0"} and began[2] == "p2", events
+    assert events.index(("+", "p2")) < events.index(("-", "p1")), events
 
 
 class _FlipAfterFirst:
