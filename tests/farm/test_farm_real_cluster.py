@@ -30,7 +30,13 @@ def _can_unshare() -> bool:
         ["unshare", "-m", "true"], capture_output=True).returncode == 0
 
 
-def _start_node(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+#: What ``ray start`` says when a port it was given was taken meanwhile (`free_port` only
+#: finds one free at that moment; another test's Ray may take it before the head binds it).
+PORT_TAKEN = "Failed to start the grpc server"
+
+
+def _start_node(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen | None:
+    """The started node; None where its port was taken meanwhile (the caller picks another)."""
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -38,6 +44,8 @@ def _start_node(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.P
     while "Ray runtime started" not in log.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_session(proc)
+            if PORT_TAKEN in log.read_text():
+                return None
             pytest.fail(f"ray start failed:\n{log.read_text()[-3000:]}")
         time.sleep(0.3)
     return proc
@@ -51,19 +59,28 @@ def two_nodes(tmp_path_factory):
         pytest.skip("ray CLI not installed next to this Python")
     if not _can_unshare():
         pytest.skip("needs root and unshare -m (private mount namespaces)")
-    port = free_port()
     base = Path(os.environ.get("TMPDIR", "/tmp"))
-    head_temp, node_temp = base / f"rh{port}", base / f"rn{port}"  # short: unix socket paths
-    for d in (head_temp, node_temp, node_temp / "tmp"):
-        d.mkdir(exist_ok=True)
     logs = tmp_path_factory.mktemp("raylogs")
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
+    head = None
+    for _ in range(3):  # a port taken between free_port and the head's bind: another port
+        port = free_port()
+        head_temp, node_temp = base / f"rh{port}", base / f"rn{port}"  # short: socket paths
+        for d in (head_temp, node_temp, node_temp / "tmp"):
+            d.mkdir(exist_ok=True)
+        head = _start_node(
+            [str(RAY), "start", "--head", "--port", str(port), "--node-ip-address",
+             "127.0.0.1", "--num-cpus", "0", "--disable-usage-stats",
+             "--include-dashboard=false", "--temp-dir", str(head_temp), "--block"],
+            logs / "head.log", env)
+        if head is not None:
+            break
+        subprocess.run(["rm", "-rf", str(head_temp), str(node_temp)], check=False)
+    if head is None:
+        pytest.fail(f"ray start failed three times, each port taken:\n"
+                    f"{(logs / 'head.log').read_text()[-3000:]}")
     address = f"127.0.0.1:{port}"
-    head = _start_node(
-        [str(RAY), "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
-         "--num-cpus", "0", "--disable-usage-stats", "--include-dashboard=false",
-         "--temp-dir", str(head_temp), "--block"], logs / "head.log", env)
     node = None
     try:
         # Read-only everything, except this node's temp dir (a bind mount of its own).
