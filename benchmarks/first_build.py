@@ -4,6 +4,7 @@ a real build's worker-seconds go.
     python benchmarks/first_build.py                        # the jobs, simulated farms
     python benchmarks/first_build.py --per-kernel 4         # a quicker sample
     python benchmarks/first_build.py --build --json         # and a real precompile here
+    python benchmarks/first_build.py --slow-kernel          # only the farm's order, simulated
 
 1. Every planned job of ``--config`` (default ``benchmarks/kernels/first_build.toml``: the
    examples, the heavy attention/GEMM kernels, a paged decode, a LayerNorm, an FP8
@@ -26,6 +27,11 @@ a real build's worker-seconds go.
    (a worker holding a job beyond its compile seconds: the key check, the transfer, the store)
    and idle time (``idle_seconds`` in ``precompile --json``: a worker open with no job,
    waiting for the longest jobs at the tail).
+4. ``--slow-kernel`` (nothing compiled): the case a first build's guesses miss, simulated as in
+   2. Two 26 s configs of one kernel (a paged decode, guessed 0.76 s from its TileIR) among 175
+   jobs of about 1 s from 7 kernels, guessed within 0.8-1.25x: the end over the floor on 15, 8
+   and 32 workers, with the estimator as built, without its running jobs' evidence (a kernel
+   learnt only when its first job ends), and ranked by the measured seconds.
 """
 from __future__ import annotations
 
@@ -174,6 +180,39 @@ def build(config: str, workers: int, estimate: float) -> dict[str, Any]:
             "last_finished_s": max(j["finished_s"] for j in jobs)}
 
 
+def slow_kernel() -> None:
+    """Step 4: the simulated farm on the slow-kernel case (see the module doc)."""
+    import random
+
+    from ctbuild.compile.job_estimates import JobEstimator
+
+    class Before(JobEstimator):
+        running = None  # type: ignore[assignment]  # no evidence from the jobs still running
+
+    rng = random.Random(1)
+    sizes = {("decode", "sm_90"): 3000}
+    rows = [{"job": {"key": f"d{c}", "kernel": "decode", "arch": "sm_90", "config": {"BM": bm}},
+             "seconds": 26.0} for c, bm in enumerate((64, 32))]
+    for k in range(7):
+        sizes[(f"k{k}", "sm_90")] = int(1024 * rng.uniform(0.8, 1.2) / 0.26)
+        for c in range(25):
+            job = {"key": f"k{k}-{c}", "kernel": f"k{k}", "arch": "sm_90",
+                   "config": {"T": 16 << (c % 4), "i": c}}
+            rows.append({"job": job, "seconds": JobEstimator({}, sizes).guess(job)
+                         * rng.uniform(0.8, 1.25)})
+    total, longest = sum(r["seconds"] for r in rows), max(r["seconds"] for r in rows)
+    measured = {r["job"]["key"]: r["seconds"] for r in rows}
+    print(f"slow kernel: {len(rows)} jobs, {total:.0f} s, the two longest {longest:.0f} s")
+    for n in (15, 8, 32):
+        floor = max(total / n, longest)
+        after = simulate(rows, n, JobEstimator({}, sizes))
+        before = simulate(rows, n, Before({}, sizes))
+        best = simulate(rows, n, lambda j: measured[j["key"]])
+        print(f"  {n:>2} workers: floor {floor:.1f} s; as built {after:.1f} s "
+              f"({after / floor:.2f}x), without the running jobs' evidence {before:.1f} s "
+              f"({before / floor:.2f}x), ranked by measured seconds {best / floor:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -184,8 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build", action="store_true", help="also run a real precompile here")
     p.add_argument("--build-workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--slow-kernel", action="store_true",
+                   help="only simulate the farm on a kernel far slower than its guess (step 4)")
     args = p.parse_args(argv)
     sys.path[:0] = [str(ROOT)]
+    if args.slow_kernel:
+        slow_kernel()
+        return 0
     from ctbuild.compile.job_estimates import JobEstimator
 
     print(f"{args.config}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}",
