@@ -132,10 +132,11 @@ class Span:
              band: TieBand, rep: int, classes: bool = False) -> Group:
         """The group of ``members``: the config with the smallest worst loss over them, by the
         tie rule applied to worst losses, and that loss; with ``classes``, where that loss
-        exceeds the band and the sizes come in several layout classes (`ctbuild.bucket_map.layout_class`: a size
-        divisible by 16 runs another CUBIN than one that is not, and a tile may fit one and
-        not the other), each class's own winner when that leaves less loss: the group's
-        winner is then the one of ``rep``'s class (its split point, or the bucket's top)."""
+        exceeds the band and the sizes come in several layout classes
+        (`ctbuild.bucket_map.layout_class`: a size divisible by 16 runs another CUBIN than
+        one that is not, and a tile may fit one and not the other), each class's own winner
+        when that leaves less loss: the group's winner is then the one of ``rep``'s class
+        (its split point, or the bucket's top)."""
         winner, worst = self._pick(members, order, default, band)
         kinds = self._kinds(members) if classes else {}
         if worst * 100 <= band.percent or len(kinds) < 2:
@@ -177,7 +178,7 @@ class Span:
         serves the whole bucket within the band, it is not split (`_by_layout`); else a group
         of the split that still loses more than the band gets them where that helps;
         ``limit`` 0 (``--no-refine``) allows neither. The split along the Dim that leaves
-        the smallest worst loss (then the fewest groups); where the top group still loses
+        the least loss (`_score`); where the top group still loses
         more than the band and splits are left, it is split again along another Dim (its
         points come after the first split's: the runtime serves a size by the first point
         that holds it). ``refuse(points)``: why a split at these points cannot be recorded
