@@ -17,7 +17,8 @@ The record comes from a cache that may be shared, so the entry is read defensive
 only, at most `MAX_SPLITS` points, each naming exactly the bucket's Dims with whole sizes inside
 the bucket, below its upper bound in one Dim at least, none inside an earlier one (it would
 serve nothing). Anything else is refused with its reason (`BucketMapError`); the runtime then
-warns and serves the declared bucket.
+warns and serves the declared bucket. A record's winners per layout class (``by_class``) are
+read as defensively (`class_winners`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .dims import Bucket
+from .space import Config
 
 #: The most split points one bucket's record may hold (``--refine N`` and ``max_splits=`` ask for at most N).
 MAX_SPLITS = 4
@@ -132,6 +134,26 @@ def layout_class(sizes: Mapping[str, int]) -> str:
     ``ctbuild tune`` records a winner per class where they differ (`ctbuild.tune.span`)."""
     return ",".join(f"{n}:{1 if v == 1 else 16 if v % 16 == 0 else 'n'}"
                     for n, v in sorted(sizes.items()))
+
+
+#: The most layout classes a record's ``by_class`` is read for (a bucket over 3 Dims has 27).
+MAX_CLASSES = 32
+
+
+def class_winners(raw: Any, kernel: str) -> dict[str, Config]:
+    """A record's ``by_class`` entry read defensively (it comes from a cache that may be
+    shared): per layout class (`layout_class`, a short text) a config given as a JSON object;
+    anything else is skipped (the record's own ``config`` serves it), and an entry of more
+    than `MAX_CLASSES` is not read."""
+    if not isinstance(raw, dict) or len(raw) > MAX_CLASSES:
+        return {}
+    out = {}
+    for cls, entry in raw.items():
+        config = entry.get("config") if isinstance(entry, dict) else None
+        if isinstance(cls, str) and len(cls) <= 256 and isinstance(config, dict) \
+                and all(isinstance(k, str) for k in config):
+            out[cls] = Config(config, kernel)
+    return out
 
 
 def describe_bucket(sizes: Mapping[str, int]) -> str:

@@ -99,10 +99,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--verify", action="store_true",
                    help="re-measure the recorded winners against their ties and finalists on "
                         "this GPU and report drift; rewrites nothing")
-    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count, const=DEFAULT_SPLITS, default=None,
+    p.add_argument("--refine", metavar="N", nargs="?", type=refine_count,
+                   const=DEFAULT_SPLITS, default=None,
                    help="split a Dim bucket at most N times where no config is within the tie "
-                        f"band at all its sizes (default: {DEFAULT_SPLITS}; 1 to {MAX_SPLITS}; a kernel's "
-                        "max_splits= sets its own)")
+                        f"band at all its sizes (default: {DEFAULT_SPLITS}; 1 to {MAX_SPLITS}; "
+                        "a kernel's max_splits= sets its own)")
     p.add_argument("--no-refine", action="store_true",
                    help="never split a Dim bucket: one winner for all its sizes")
     p.add_argument("--no-isolate", action="store_true",

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..arch import Arch
-from ..bucket_map import BucketMapError, Split, layout_class, read_splits, split_for, why
+from ..bucket_map import (
+    BucketMapError,
+    Split,
+    class_winners,
+    layout_class,
+    read_splits,
+    split_for,
+    why,
+)
 from ..device_table import DeviceInfo, cuda_device, explain_device
 from ..dims import Bucket, find_bucket, match
 from ..keys import record_key_for
@@ -89,7 +97,7 @@ class Resolver:
         self.served: dict[Config, ServedKernel] = {}
         self._pinned: dict[tuple[Config, str], ServedKernel] = {}
         #: per (tuning key, arch, GPU): (winner, where it came from, record key, its winners by
-        #: CUBIN class)
+        #: layout class)
         self._winners: dict[tuple[str, str, str], tuple[Config, str, str | None,
                                                       dict[str, Config]]] = {}
         #: the (tuning key, arch, GPU)s the cache has no record of (a `Dim` call's own sizes,
@@ -244,7 +252,7 @@ class Resolver:
     def _winner(self, w: Workload, keys: list[tuple[list, str]], arch: str, gpu: str,
                 wl_json: dict, stream: Any, dry: bool = False
                 ) -> tuple[Config, str, str | None, list, dict[str, Config]]:
-        """(config, where it came from, record key, tuning key, the record's winners by CUBIN
+        """(config, where it came from, record key, tuning key, the record's winners by layout
         class): the first of ``keys`` (the call's own tuning key, then its sub-bucket's, then
         its bucket's; each with its `_text`) with a record, else the miss policy's."""
         tuned, ctx = self.tuned, self.ctx
@@ -375,26 +383,6 @@ class Resolver:
             raise KernelCallError(f"kernel {self.tuned.name!r}: arguments are on different "
                                   f"GPUs ({shown}); put them on one device")
         return next(iter(devices))
-
-
-#: The most layout classes a record's ``by_class`` is read for (a bucket over 3 Dims has 27).
-MAX_CLASSES = 32
-
-
-def class_winners(raw: Any, kernel: str) -> dict[str, Config]:
-    """A record's ``by_class`` entry read defensively (it comes from a cache that may be
-    shared): per layout class (`ctbuild.bucket_map.layout_class`, a short text) a config given
-    as a JSON object; anything else is skipped (the record's own ``config`` serves it), and
-    an entry of more than `MAX_CLASSES` is not read."""
-    if not isinstance(raw, dict) or len(raw) > MAX_CLASSES:
-        return {}
-    out = {}
-    for cls, entry in raw.items():
-        config = entry.get("config") if isinstance(entry, dict) else None
-        if isinstance(cls, str) and len(cls) <= 256 and isinstance(config, dict) \
-                and all(isinstance(k, str) for k in config):
-            out[cls] = Config(config, kernel)
-    return out
 
 
 def _text(tuning_key: Any) -> str:

@@ -129,24 +129,9 @@ class Span:
         return {c: max(self.loss(i, c) for i in members) for c in common}
 
     def pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
-             band: TieBand, rep: int, classes: bool = False) -> Group:
-        """The group of ``members``: the config with the smallest worst loss over them, by the
-        tie rule applied to worst losses, and that loss; with ``classes``, where that loss
-        exceeds the band and the sizes come in several layout classes
-        (`ctbuild.bucket_map.layout_class`: a size divisible by 16 runs another CUBIN than
-        one that is not, and a tile may fit one and not the other), each class's own winner
-        when that leaves less loss: the group's winner is then the one of ``rep``'s class
-        (its split point, or the bucket's top)."""
-        winner, worst = self._pick(members, order, default, band)
-        kinds = self._kinds(members) if classes else {}
-        if worst * 100 <= band.percent or len(kinds) < 2:
-            return Group(list(members), winner, worst)
-        per = {k: self._pick(m, order, default, band) for k, m in sorted(kinds.items())}
-        apart = max(w for _, w in per.values())
-        if apart >= worst:
-            return Group(list(members), winner, worst)
-        return Group(list(members), per[self.cls(rep)][0], apart,
-                     by_class={k: c for k, (c, _) in per.items()})
+             band: TieBand) -> Group:
+        """The group of ``members``, served by one config (`_pick`)."""
+        return Group(list(members), *self._pick(members, order, default, band))
 
     def _pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
               band: TieBand) -> tuple[Config, float]:
@@ -184,13 +169,11 @@ class Span:
         that holds it). ``refuse(points)``: why a split at these points cannot be recorded
         (None: it can); a refused split leaves the bucket whole, for that reason."""
         everything = list(range(len(self.sizes)))
+        whole = self.pick(everything, order, default, band)
         if limit == 0:  # one winner for the whole bucket, whatever the layout classes
-            one = Group(everything, *self._pick(everything, order, default, band))
-            return [one], ("splitting is off (--no-refine)"
-                           if one.worst_pct * 100 > band.percent else None)
-        whole = self.pick(everything, order, default, band, self.top)
-        if whole.worst_pct * 100 > band.percent:  # a winner per layout class may serve all
-            whole = self._by_layout(whole, order, default, band)
+            return [whole], ("splitting is off (--no-refine)"
+                             if whole.worst_pct * 100 > band.percent else None)
+        whole = self._by_layout(whole, order, default, band)  # may serve all within the band
         if whole.worst_pct * 100 <= band.percent:
             return [whole], None
         groups, why = self._split(order, default, band, limit, refuse or (lambda points: None),
@@ -200,19 +183,24 @@ class Span:
 
     def _by_layout(self, group: Group, order: Sequence[Config], default: Config | None,
                    band: TieBand) -> Group:
-        """``group`` with a winner per layout class, where it loses more than the band and that
-        leaves less loss. Only for a whole bucket it serves within the band, or after the
-        split: a class's winner is chosen on fewer sizes than the group's (measured: splitting
-        by class first served the sizes between the raced ones worse, `bucket_regret.py
-        --measure`)."""
-        if group.worst_pct * 100 <= band.percent:
+        """``group`` with each layout class's own winner where it loses more than the band,
+        its sizes come in several layout classes (`ctbuild.bucket_map.layout_class`: a size
+        divisible by 16 runs another CUBIN than one that is not, and a tile may fit one and
+        not the other) and that leaves less loss; the group's winner is then the one of its
+        split point's class (the bucket's top's). Only for a whole bucket it serves within
+        the band, or after the split: a class's winner is chosen on fewer sizes than the
+        group's (measured: splitting by class first served the sizes between the raced ones
+        worse, `bucket_regret.py --measure`)."""
+        kinds = self._kinds(group.members)
+        if group.worst_pct * 100 <= band.percent or len(kinds) < 2:
+            return group
+        per = {k: self._pick(m, order, default, band) for k, m in sorted(kinds.items())}
+        apart = max(w for _, w in per.values())
+        if apart >= group.worst_pct:
             return group
         rep = self.sizes.index(group.point) if group.point else self.top
-        by = self.pick(group.members, order, default, band, rep, classes=True)
-        if not by.by_class or by.worst_pct >= group.worst_pct:
-            return group
-        by.point = group.point
-        return by
+        return Group(group.members, per[self.cls(rep)][0], apart, group.point,
+                     {k: c for k, (c, _) in per.items()})
 
     def _split(self, order: Sequence[Config], default: Config | None, band: TieBand,
                limit: int, refuse: Callable[[list[dict[str, int]]], str | None],
@@ -222,7 +210,7 @@ class Span:
         done = {n for g in before if g.point for n, v in g.point.items()
                 if v < self.sizes[self.top][n]}
         everything = list(range(len(self.sizes)))
-        whole = self.pick(everything, order, default, band, self.top)
+        whole = self.pick(everything, order, default, band)
         tries: list[tuple[list[Group], str, str | None]] = []
         for name, line in self.lines().items():
             if name in done or len(line) < 2:
@@ -328,13 +316,10 @@ class Span:
                 members[next(k for k, b in enumerate(bounds) if v <= b)].append(i)
         groups: list[Group] = []
         for m, b in zip(members, bounds):
-            point = {**top, name: b}
-            group = self.pick(m, order, default, band, self.sizes.index(point))
-            if groups and (groups[-1].winner, groups[-1].by_class) == \
-                    (group.winner, group.by_class):
-                group = self.pick(groups.pop().members + m, order, default, band,
-                                  self.sizes.index(point))
-            group.point = point
+            group = self.pick(m, order, default, band)
+            if groups and groups[-1].winner == group.winner:
+                group = self.pick(groups.pop().members + m, order, default, band)
+            group.point = {**top, name: b}
             groups.append(group)
         groups[-1].point = None
         return groups
@@ -344,8 +329,8 @@ class Span:
         """The record's ``regret`` entry of a group's winner: its loss at each of the group's
         sizes (its own point, where it was chosen, included; a size of a layout class with its
         own winner at that winner's), the worst, every config's worst loss over those sizes
-        (what the choice was made on), the winners by class, and why the bucket was not split
-        further (``unsplit``)."""
+        (what the choice was made on), and why the bucket was not split further
+        (``unsplit``)."""
         rows: list[dict[str, Any]] = []
         for i in group.members:
             served = group.serves(self, i)
@@ -365,7 +350,6 @@ class Span:
                 "max_pct": max((r["regret_pct"] for r in rows), default=None),
                 "worst": [{"config": c, "worst_pct": round(100 * w, 3)} for w, c in worst],
                 "worst_pct": round(100 * group.worst_pct, 3), "unsplit": unsplit,
-                "by_class": {k: c.to_json() for k, c in group.by_class.items()} or None,
                 "problems": list(self.problems)}
 
     def as_split(self, group: Group, served: Config) -> Split:

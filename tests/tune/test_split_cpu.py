@@ -224,6 +224,6 @@ def test_sizes_of_another_layout_class_get_their_own_winner(runtime_store, monke
     _, s = _tune(runtime_store, monkeypatch, seconds, refine=0)
     assert s["record"]["by_class"] is None
     # a hostile by_class entry is skipped: the record's own config serves
-    from ctbuild.serve.resolve import class_winners
+    from ctbuild.bucket_map import class_winners
     assert class_winners({"N:n": {"config": [1]}, "N:16": "x", 3: {"config": {}}}, "k") == {}
     assert class_winners({str(i): {"config": {}} for i in range(33)}, "k") == {}
