@@ -43,23 +43,18 @@ DEFAULT_CONFIGS = [ROOT / "benchmarks" / "kernels" / "tune_all.toml"]
 
 
 def precompile_all(cache: Path, configs: list[Path], arch: str) -> None:
-    """Every planned candidate of every project for ``arch``, in a local pool (fork, before
-    CUDA is initialised in this process), then the TileIR identity check ``ctbuild precompile``
-    runs, whose memo in the cache spares ``ctbuild tune`` the same check, as after a real
-    build."""
-    from gpu_runtime_examples import precompile
-
-    from ctbuild.cache import Store
-    from ctbuild.commands.tune import check_identity
-    from ctbuild.project import load_project
-    store = Store(cache)
+    """Every planned candidate of every project for ``arch``: ``ctbuild precompile --farm
+    local`` (worker processes, no Ray), as a build would; its TileIR identity check leaves the
+    memo that spares ``ctbuild tune`` the same check, as after a real build."""
     for config in configs:
-        project = load_project(config, cache_dir=str(cache))
-        for p in project.paths:
-            sys.path.insert(0, str(p))
-        kernels = project.kernels()
-        fp = precompile(store, kernels, arch=arch)["toolchain"]
-        check_identity(project, kernels, arch, fp, {}, None)
+        r = subprocess.run([sys.executable, "-m", "ctbuild", "precompile", "--config",
+                            str(config), "--cache", str(cache), "--arch", arch, "--farm",
+                            "local", "--json"], capture_output=True, text=True, cwd=ROOT)
+        if r.returncode != 0:
+            sys.exit(f"precompile {config} failed ({r.returncode}): {r.stderr[-2000:]}")
+        out = json.loads(r.stdout)
+        print(f"precompile: {out.get('jobs')} jobs, {out.get('compiled')} compiled in "
+              f"{out.get('seconds', 0):.1f} s", flush=True)
 
 
 def tune(config: Path, cache: Path, *flags: str) -> tuple[float, dict[str, Any]]:

@@ -14,7 +14,7 @@ does not exceed in any Dim, else to the declared bucket; a record without ``refi
 every size as the declaration does.
 
 The record comes from a cache that may be shared, so the entry is read defensively: plain JSON
-only, at most `MAX_SPLITS` points, each naming exactly the bucket's Dims with whole sizes inside
+only, at most `MAX_POINTS` points, each naming exactly the bucket's Dims with whole sizes inside
 the bucket, below its upper bound in one Dim at least, none inside an earlier one (it would
 serve nothing). Anything else is refused with its reason (`BucketMapError`); the runtime then
 warns and serves the declared bucket. A record's winners per layout class (``by_class``) are
@@ -28,8 +28,11 @@ from typing import Any, Mapping, Sequence
 from .dims import Bucket
 from .space import Config
 
-#: The most split points one bucket's record may hold (``--refine N`` and ``max_splits=`` ask for at most N).
+#: The most times a bucket may be split along one Dim (``--refine N``, ``max_splits=``).
 MAX_SPLITS = 4
+#: The most split points one bucket's record may hold: `MAX_SPLITS` along each of up to four
+#: Dims.
+MAX_POINTS = 4 * MAX_SPLITS
 #: The format of the ``refined`` entry this ctbuild writes and reads.
 REFINED_FORMAT = 1
 
@@ -88,8 +91,8 @@ def read_splits(raw: Any, bucket: Bucket) -> tuple[Split, ...]:
     points = raw.get("splits")
     if not isinstance(points, list):
         raise BucketMapError("no list of splits")
-    if len(points) > MAX_SPLITS:
-        raise BucketMapError(f"{len(points)} splits, more than the {MAX_SPLITS} a bucket may have")
+    if len(points) > MAX_POINTS:
+        raise BucketMapError(f"{len(points)} splits, more than the {MAX_POINTS} a bucket may have")
     out = tuple(_split(p, bucket) for p in points)
     for i, b in enumerate(out):
         for a in out[:i]:

@@ -455,8 +455,9 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
         inputs: tuning values, ``{arg: (lo, hi) or fn(w, device)}`` or ``fn(w, device) -> {..}``.
         check: ``check(w) -> {arg: expected}``: the outputs every candidate must match (default:
             the default config's). Both in docs/declaring.md.
-        max_splits: how many times ``ctbuild tune`` may split each `Dim` bucket (0 to 4; default:
-            its ``--refine N``, 3), where no config is within the tie band at all its sizes.
+        max_splits: how many times ``ctbuild tune`` may split a `Dim` bucket along each of its
+            Dims (0 to 4; default: its ``--refine N``, 3), where no config is within the tie
+            band at all its sizes.
     """
     def wrap(kernel: Any) -> TunedKernel:
         tuned = TunedKernel(kernel, space=space, grid=grid, args=args, hints=hints, key=key,

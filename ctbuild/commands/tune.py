@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -101,9 +102,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                         "this GPU and report drift; rewrites nothing")
     p.add_argument("--refine", metavar="N", nargs="?", type=refine_count,
                    const=DEFAULT_SPLITS, default=None,
-                   help="split a Dim bucket at most N times where no config is within the tie "
-                        f"band at all its sizes (default: {DEFAULT_SPLITS}; 1 to {MAX_SPLITS}; "
-                        "a kernel's max_splits= sets its own)")
+                   help="split a Dim bucket at most N times along each Dim where no config is "
+                        f"within the tie band at all its sizes (default: {DEFAULT_SPLITS}; 1 to "
+                        f"{MAX_SPLITS}; a kernel's max_splits= sets its own)")
     p.add_argument("--no-refine", action="store_true",
                    help="never split a Dim bucket: one winner for all its sizes")
     p.add_argument("--no-isolate", action="store_true",
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..toolchain import toolchain_for
     from ..tune.fleet import FleetRun, GpuListError, tune_fleet
+    from ..tune.gate import Gate
     from ..tune.recorded import recorded_workloads
     from ..tune.session import entries_for, tune_entries
     from ..tune.tuner import current_device
@@ -196,8 +198,10 @@ def run(args: argparse.Namespace) -> int:
     fp = toolchain_for(store)
     if args.verify:
         return verify(entries, store, device, fp, args)
-    check_identity(project, [k for k in kernels if not only or k.name in only], device.arch, fp,
-                   recorded_workloads(store, kernels, device.arch), args.workers)
+    def check() -> None:
+        check_identity(project, [k for k in kernels if not only or k.name in only],
+                       device.arch, fp, recorded_workloads(store, kernels, device.arch),
+                       args.workers)
     opts = tune_options(args, project)
     quiet = bool(args.json)
     emit = _printer(quiet)
@@ -207,12 +211,16 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     fleet: dict[str, Any] = {}
     if args.no_isolate:
+        check()
         summaries = tune_entries(entries, store, opts, device=device, toolchain_fp=fp, emit=emit)
-    else:
+    else:  # the measuring processes start while the check runs, and wait for it (gate.py)
         config = str(project.path.resolve()) if project.path else None
-        run_on = FleetRun(config, str(project.cache_dir), opts, gpus or [device.index], only,
-                          pin=gpus is not None)
-        summaries, fleet = tune_fleet(run_on, entries, store, device, fp, emit)
+        with tempfile.TemporaryDirectory(prefix="ctbuild-gate-") as tmp:
+            gate = Gate(Path(tmp) / "identity-checked").after(check)
+            run_on = FleetRun(config, str(project.cache_dir), opts, gpus or [device.index],
+                              only, pin=gpus is not None, gate=gate)
+            summaries, fleet = tune_fleet(run_on, entries, store, device, fp, emit)
+            gate.finish()
         if len(run_on.gpus) > 1 and not quiet:
             _print_fleet(summaries, fleet)
     out = tune_result(project, device, fp, time.perf_counter() - start, summaries, fleet)

@@ -7,9 +7,10 @@
    ``CUDA_VISIBLE_DEVICES`` set to that GPU). An entry whose process died with no candidate to
    blame goes to the next GPU.
 2. **Finals**, with more than one GPU, only for the keys whose winner is not decided: their
-   race at their own size ended on its budget with a finalist at the band's edge. Every GPU
-   re-measures those keys' finalists interleaved, and the winner is decided on the median time
-   across GPUs by the same tie rule, kept with the per-GPU times. A key decided in its lane, or
+   race at their own size ended on its budget with a finalist at the band's edge. Every lane's
+   process, its own keys done, waits (`ctbuild.tune.gate`) until all are, then re-measures
+   those keys' finalists interleaved (no second process start-up), and the winner is decided
+   on the median time across GPUs by the same tie rule, kept with the per-GPU times. A key decided in its lane, or
    whose winner was chosen over a bucket's sizes or per layout class, is not measured again. A GPU whose times are
    more than 3% above the fleet median on the same candidates is named.
 
@@ -22,15 +23,19 @@ import json
 import math
 import os
 import statistics
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..arch import Arch
 from ..compile.plan import job_for
 from ..records import TuningRecord, stored_tuning
 from ..space import Config
 from .choice import RULE_SPAN, TieBand, Timing, choose
+from .gate import Gate
 from .session import Entry, TuneOptions, run_isolated
 from .span import span_sizes
 from .tuner import record_key
@@ -116,6 +121,8 @@ class FleetRun:
     #: whether each lane's process sees only its GPU (``--gpus``); else it inherits the
     #: environment and measures on the current GPU
     pin: bool = True
+    #: where the first lanes wait for the identity check (`ctbuild.tune.gate`; None: none)
+    gate: Gate | None = None
 
     def env(self, i: int) -> dict[str, str] | None:
         """The lane's ``CUDA_VISIBLE_DEVICES``: its GPU, through this process's own list."""
@@ -125,24 +132,69 @@ class FleetRun:
         ids = [v.strip() for v in visible.split(",")] if visible else None
         return {"CUDA_VISIBLE_DEVICES": ids[self.gpus[i]] if ids else str(self.gpus[i])}
 
-    def lane(self, i: int, entries: Sequence[Entry], mode: str = "tune",
-             payload: Mapping[int, Any] | None = None,
-             emit: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-        """Run ``entries`` in a supervised process on GPU ``gpus[i]``."""
+    def lane(self, i: int, entries: Sequence[Entry],
+             emit: Callable[[dict[str, Any]], None] | None = None,
+             finals: Finals | None = None) -> list[dict[str, Any]]:
+        """Run ``entries`` in a supervised process on GPU ``gpus[i]`` (which then waits for
+        the ``finals``, where given)."""
         return run_isolated(self.config_path, self.cache_dir, entries, self.opts,
-                            only=self.only, emit=emit, mode=mode, payload=payload,
-                            env=self.env(i))
+                            only=self.only, emit=emit, env=self.env(i), gate=self.gate,
+                            finals=finals.gate if finals else None,
+                            on_event=finals.seen(i) if finals else None)
 
-    def each_lane(self, shares: Sequence[Sequence[Entry]], mode: str = "tune",
-                  payload: Mapping[int, Any] | None = None,
-                  emit: Callable[[dict[str, Any]], None] | None = None
+    def each_lane(self, shares: Sequence[Sequence[Entry]],
+                  emit: Callable[[dict[str, Any]], None] | None = None,
+                  finals: Finals | None = None,
+                  between: Callable[[list[concurrent.futures.Future]], None] | None = None
                   ) -> list[list[dict[str, Any]]]:
+        """Each share on its GPU at once; ``between(futures)`` runs while they do."""
         with concurrent.futures.ThreadPoolExecutor(len(self.gpus)) as pool:
-            futures = [pool.submit(self.lane, i, share, mode, payload, emit)
+            futures = [pool.submit(self.lane, i, share, emit, finals)
                        for i, share in enumerate(shares) if share]
+            if between is not None:
+                between(futures)
             done = [f.result() for f in futures]
         it = iter(done)
         return [next(it) if share else [] for share in shares]
+
+
+class Finals:
+    """The finals of one fleet tune: each lane's process, its keys tuned, says ``idle`` and
+    waits at ``gate`` (`ctbuild.tune.gate`) for the configs to re-measure; what each lane
+    timed, per entry."""
+
+    def __init__(self, gate: Gate, lanes: int) -> None:
+        self.gate, self.lanes = gate, lanes
+        self.idle: set[int] = set()
+        self.timed: dict[int, dict[int, dict[str, Any]]] = {}
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+
+    def seen(self, lane: int) -> Callable[[dict[str, Any]], None]:
+        def on_event(ev: dict[str, Any]) -> None:
+            with self._lock:
+                if ev["event"] == "idle":
+                    self.idle.add(lane)
+                    if len(self.idle) == self.lanes:
+                        self.ready.set()
+                elif ev["event"] == "finals":
+                    self.timed.setdefault(int(ev["entry"]), {})[lane] = ev["summary"]
+        return on_event
+
+    def run(self, futures: list[concurrent.futures.Future],
+            payload: Callable[[], dict[int, list[dict[str, Any]]]]) -> float:
+        """Once every lane is idle (or gone), post ``payload()`` (configs per entry; nothing
+        when it raises, and the lanes exit); the seconds waited."""
+        start = time.perf_counter()
+        posted: dict[int, list[dict[str, Any]]] = {}
+        try:
+            while not self.ready.wait(0.05):
+                if all(f.done() for f in futures):
+                    break
+            posted = payload()
+        finally:
+            self.gate.post(json.dumps({str(k): v for k, v in posted.items()}))
+        return time.perf_counter() - start
 
 
 def lost(summary: dict[str, Any]) -> bool:
@@ -155,15 +207,35 @@ def lost(summary: dict[str, Any]) -> bool:
 def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: Device, fp: str,
                emit: Callable[[dict[str, Any]], None] | None = None
                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Screen on every GPU (``emit`` gets each entry's summary as its lane finishes it), then,
-    with several GPUs, decide every winner on the fleet's median: (final summaries in entry
-    order, fleet report)."""
+    """Tune on every GPU (``emit`` gets each entry's summary as its lane finishes it), then,
+    with several lanes, the finals in the same processes: every lane re-measures the keys
+    still `undecided` and the fleet's median decides. (final summaries in entry order, fleet
+    report)."""
     shares = split(entries, len(run.gpus), lambda e: estimated_work(
         e, device.arch, run.opts.cap, store, device, fp))
+    results: dict[int, dict[str, Any]] = {}
+
+    def keep(s: dict[str, Any]) -> None:
+        results[s["entry"]] = s
+        if emit:
+            emit(s)
+    lanes = [i for i, share in enumerate(shares) if share]
+    open_keys: list[Entry] = []
+
+    def finals_of() -> dict[int, list[dict[str, Any]]]:
+        if any(lost(s) for s in results.values()):  # moved first; those keys are not re-run
+            return {}
+        open_keys[:] = [e for e in entries if results.get(e.index, {}).get("status") ==
+                        "tuned" and undecided(TuningRecord.from_json(results[e.index]["record"]))]
+        return {e.index: contenders(TuningRecord.from_json(results[e.index]["record"]))
+                for e in open_keys}
     start = time.perf_counter()
-    screened = run.each_lane(shares, emit=emit)
-    screen_wall = time.perf_counter() - start
-    results = {s["entry"]: s for lane in screened for s in lane}
+    walls: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="ctbuild-finals-") as tmp:
+        fin = Finals(Gate(Path(tmp) / "finals"), len(lanes)) if len(lanes) > 1 else None
+        screened = run.each_lane(shares, emit=keep, finals=fin, between=None if fin is None
+                                 else lambda futures: walls.append(fin.run(futures, finals_of)))
+    wall = time.perf_counter() - start
     retry = [e for e in entries if e.index in results and lost(results[e.index])]
     moved = []
     if retry and len(run.gpus) > 1:
@@ -175,17 +247,15 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
                 results[s["entry"]] = {**s, "note": (s.get("note", "") + " (moved to another "
                                                      "GPU after its process died)").strip()}
                 moved.append(s["entry"])
+    screen_wall = walls[0] if walls else wall
     report: dict[str, Any] = {"gpus": run.gpus, "moved": moved, "slow_gpus": [],
                               "screen_wall_s": round(screen_wall, 3),
                               "lanes": [lane_summary(g, lane) for g, lane in zip(run.gpus,
                                                                                  screened)]}
-    if len(run.gpus) > 1:
-        start = time.perf_counter()
-        open_keys = [e for e in entries if results.get(e.index, {}).get("status") == "tuned"
-                     and undecided(TuningRecord.from_json(results[e.index]["record"]))]
+    if fin is not None:
         report["finals_keys"] = len(open_keys)
-        report["slow_gpus"] = finals(run, open_keys, results, store, device, fp)
-        report["finals_wall_s"] = round(time.perf_counter() - start, 3)
+        report["slow_gpus"] = finals(run, lanes, open_keys, fin, results, store, device, fp)
+        report["finals_wall_s"] = round(wall - screen_wall, 3)
     return [results[e.index] for e in entries if e.index in results], report
 
 
@@ -197,30 +267,25 @@ def lane_summary(gpu: int, lane: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"gpu": gpu, "entries": len(lane), "measure_s": round(measured, 3)}
 
 
-def finals(run: FleetRun, tuned: Sequence[Entry], results: dict[int, dict[str, Any]],
-           store: Store, device: Device, fp: str) -> list[dict[str, Any]]:
-    """Every GPU re-measures the finalists of the ``tuned`` entries (those `undecided`); the
-    fleet median decides. Rewrites their records and summaries; returns the GPUs slower than
-    the fleet by `SLOW_GPU_RATIO`."""
-    if not tuned:
-        return []
-    payload = {e.index: contenders(TuningRecord.from_json(results[e.index]["record"]))
-               for e in tuned}
-    per_lane = run.each_lane([tuned] * len(run.gpus), mode="finals", payload=payload)
-    times: dict[int, list[dict[str, Timing]]] = {e.index: [] for e in tuned}
-    names = {e.index: e.kernel.name for e in tuned}
-    for lane in per_lane:
-        for s in lane:
-            if s.get("status") == "finals":
-                times[s["entry"]].append({json.dumps(t["config"], sort_keys=True): Timing(
-                    Config(t["config"], names[s["entry"]]), t["mean_us"], t["ci_us"],
-                    t["samples"]) for t in s["timings"]})
-    band = TieBand(run.opts.tie_band)
+def finals(run: FleetRun, lanes: Sequence[int], tuned: Sequence[Entry], fin: Finals,
+           results: dict[int, dict[str, Any]], store: Store, device: Device, fp: str
+           ) -> list[dict[str, Any]]:
+    """The fleet median of what every lane timed of the ``tuned`` entries' finalists decides
+    their winners (an entry some lane did not time keeps its lane's). Rewrites their records
+    and summaries; returns the GPUs slower than the fleet by `SLOW_GPU_RATIO`."""
+    times: dict[int, list[dict[str, Timing]]] = {}
     for e in tuned:
-        if len(times[e.index]) == len(run.gpus):
+        timed = fin.timed.get(e.index, {})
+        times[e.index] = [{json.dumps(t["config"], sort_keys=True): Timing(
+            Config(t["config"], e.kernel.name), t["mean_us"], t["ci_us"], t["samples"])
+            for t in timed[i]["timings"]} for i in lanes if i in timed]
+    band = TieBand(run.opts.tie_band)
+    gpus = [run.gpus[i] for i in lanes]
+    for e in tuned:
+        if len(times[e.index]) == len(lanes):
             results[e.index] = merged(e, results[e.index], times[e.index], store, device, fp,
-                                      band, run)
-    return slow_gpus(run.gpus, [times[e.index] for e in tuned])
+                                      band, gpus, run.opts.cap)
+    return slow_gpus(gpus, [times[e.index] for e in tuned])
 
 
 def undecided(rec: TuningRecord) -> bool:
@@ -236,7 +301,8 @@ def undecided(rec: TuningRecord) -> bool:
 
 
 def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], store: Store,
-           device: Device, fp: str, band: TieBand, run: FleetRun) -> dict[str, Any]:
+           device: Device, fp: str, band: TieBand, gpus: list[int], cap: int
+           ) -> dict[str, Any]:
     """The entry's record and summary with the fleet's winner (median across GPUs)."""
     common = set.intersection(*(set(t) for t in lanes))
     fleet = [Timing(lanes[0][k].config, statistics.median(t[k].mean_us for t in lanes),
@@ -244,7 +310,7 @@ def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], st
                     sum(t[k].samples for t in lanes)) for k in sorted(common)]
     if not fleet:
         return summary
-    cands = e.kernel.candidates(e.workload, Arch(device.arch), run.opts.cap)
+    cands = e.kernel.candidates(e.workload, Arch(device.arch), cap)
     choice = choose(fleet, list(cands.kept), cands.default, band)
     rec = TuningRecord.from_json(summary["record"])
     win = choice.winner
@@ -253,7 +319,7 @@ def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], st
     rec.choice = {"rule": choice.rule, "band": band.to_json(), "fleet": True,
                   "fastest": choice.fastest.config.to_json(),
                   "ties": [t.to_json() for t in choice.ties]}
-    rec.fleet = {"gpus": run.gpus, "per_gpu": [[t.to_json() for t in lane.values()]
+    rec.fleet = {"gpus": gpus, "per_gpu": [[t.to_json() for t in lane.values()]
                                                for lane in lanes]}
     store.put_tuning(summary["record_key"], rec.to_json())
     return {**summary, "winner": rec.config, "mean_us": rec.mean_us, "ci_us": rec.ci_us,

@@ -196,29 +196,49 @@ def own_size_times(screened: Sequence[Timing], decision: Decision) -> dict[Confi
     return out
 
 
+#: At a size between a bucket's bounds, a candidate more than this much slower than the
+#: fastest at every size raced before it is not raced there: it cannot serve it (each
+#: bound races every candidate, and a config's speed changes by little between sizes).
+PRUNE_FACTOR = 1.3
+
+
 def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config, Timing],
-                 timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand
-                 ) -> tuple[Span, list[dict[str, Any]]]:
-    """Race ``contenders`` at each of the bucket's other sizes: (the span, the candidates that
-    failed at a size: failures of the key, naming the size)."""
-    sizes, times, races, problems, failures = [], [], [], [], []
-    for size in span_sizes(bucket):
+                 timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand,
+                 keep: Sequence[Config] = ()) -> tuple[Span, list[dict[str, Any]]]:
+    """Race ``contenders`` at each of the bucket's other sizes, the lower bounds first: (the
+    span, the candidates that failed at a size: failures of the key, naming the size). A
+    size between the bounds races only the candidates within `PRUNE_FACTOR` of the fastest
+    at some size raced before it, and ``keep`` (the key's winner and default: every size
+    times them, so some config is timed at all)."""
+    sizes = span_sizes(bucket)
+    low, high = bucket.lower_bounds(), dict(bucket.sizes)
+    bounds = [i for i, s in enumerate(sizes) if any(s[n] == low[n] < high[n] for n in s)]
+    times: dict[int, dict[Config, Timing]] = {}
+    races: dict[int, dict[str, Any]] = {}
+    problems, failures = [], []
+    near = {c for c, t in top.items() if t.mean_us <= PRUNE_FACTOR * _fastest(top)}
+    for i in [*bounds, *(i for i in range(len(sizes)) if i not in bounds)]:
+        raced = [c for c in contenders if i in bounds or c in near or c in keep]
         started = time.perf_counter()
-        result = race(contenders, timer_for(concretize(bucket.declared, size)), band,
-                      SPAN_BUDGET) if len(contenders) > 1 else None
+        result = race(raced, timer_for(concretize(bucket.declared, sizes[i])), band,
+                      SPAN_BUDGET) if len(raced) > 1 else None
         if result is None or not result.timings:
-            problems.append(f"{size}: no candidate could be timed")
+            problems.append(f"{sizes[i]}: no candidate could be timed")
             continue
-        failures += [{"config": c.to_json(), "error": f"at {size}: {why}"}
+        failures += [{"config": c.to_json(), "error": f"at {sizes[i]}: {why}"}
                      for c, why in result.failures]
-        sizes.append(size)
-        times.append({t.config: t for t in result.timings})
-        races.append({"raced": len(contenders), "rounds": result.rounds,
-                      "stopped": result.stopped,
-                      "seconds": round(time.perf_counter() - started, 4)})
-    sizes.append(dict(bucket.sizes))
-    return Span(bucket, sizes, [*times, top], problems, races,
-                [layout_class(size) for size in sizes]), failures
+        times[i] = {t.config: t for t in result.timings}
+        near |= {c for c, t in times[i].items() if t.mean_us <= PRUNE_FACTOR * _fastest(times[i])}
+        races[i] = {"raced": len(raced), "rounds": result.rounds, "stopped": result.stopped,
+                    "seconds": round(time.perf_counter() - started, 4)}
+    kept = sorted(times)
+    out = [sizes[i] for i in kept] + [dict(bucket.sizes)]
+    return Span(bucket, out, [*(times[i] for i in kept), top], problems,
+                [races[i] for i in kept], [layout_class(size) for size in out]), failures
+
+
+def _fastest(times: dict[Config, Timing]) -> float:
+    return min(t.mean_us for t in times.values())
 
 
 def key_clash(tuned: TunedKernel, bucket: Bucket, points: Sequence[dict[str, int]]
@@ -334,8 +354,9 @@ def measure(tuned: TunedKernel, plan: CandidatePlan, bench: Bench, benches: Benc
         t = time.perf_counter()
         top = own_size_times(m.screened, m.decision)
         contenders = sorted(top, key=lambda c: top[c].mean_us)
-        m.span, span_failed = measure_span(bucket, contenders, top,
-                                           lambda cw: benches.on_spec(cw).sample, settings.band)
+        m.span, span_failed = measure_span(
+            bucket, contenders, top, lambda cw: benches.on_spec(cw).sample, settings.band,
+            keep=[m.decision.choice.winner.config, plan.default])
         m.failed += span_failed
         m.groups, m.unsplit = m.span.split(
             plan.space, plan.default, settings.band, settings.max_splits,

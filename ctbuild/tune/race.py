@@ -41,24 +41,27 @@ COARSE_FACTOR = 1.25
 class RaceBudget:
     """How long a race may go on: rounds, samples per candidate and round, measured seconds;
     ``precision_pct``: also stop once every candidate left is timed to within that percent of
-    the fastest (None: only a decision stops it)."""
+    the fastest, or to within ``floor_us`` (a few-microsecond kernel's launch jitter is a
+    larger share of it than the percent; None: only a decision stops it)."""
     min_rounds: int = 5
     max_rounds: int = 40
     samples_per_round: int = 3
     max_seconds: float = 4.0
     precision_pct: float | None = None
+    floor_us: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"min_rounds": self.min_rounds, "max_rounds": self.max_rounds,
-                "samples_per_round": self.samples_per_round, "max_seconds": self.max_seconds,
-                "precision_pct": self.precision_pct}
+        return dataclasses.asdict(self)
 
 
 #: The budget of a key's own size (the finalists): until every tie is decided.
 FINALS_BUDGET = RaceBudget()
 #: The budget of each other size of a bucket (many candidates, most dropped early): a loss
-#: known to within half the default band is what the bucket's choice needs there.
-SPAN_BUDGET = RaceBudget(min_rounds=3, max_rounds=15, max_seconds=1.0, precision_pct=1.0)
+#: known to within half the default band (or 0.05 us) is what the bucket's choice needs there.
+#: (One sample a candidate in the first round instead of a median of three dropped candidates
+#: on one slow sample: 10x losses recorded, `benchmarks/tune_reproducibility.py`.)
+SPAN_BUDGET = RaceBudget(min_rounds=3, max_rounds=15, max_seconds=1.0, precision_pct=1.0,
+                         floor_us=0.05)
 
 
 @dataclass(frozen=True)
@@ -137,12 +140,13 @@ def decided(timings: Sequence[Timing], band: TieBand) -> bool:
                for t in timings)
 
 
-def precise(timings: Sequence[Timing], pct: float | None) -> bool:
-    """Whether every candidate's CI is within ``pct`` percent of the fastest mean."""
+def precise(timings: Sequence[Timing], pct: float | None, floor_us: float = 0.0) -> bool:
+    """Whether every candidate's CI is within ``pct`` percent of the fastest mean, or within
+    ``floor_us``."""
     if pct is None:
         return False
     fastest = min(t.mean_us for t in timings)
-    return all(t.ci_us <= fastest * pct / 100 for t in timings)
+    return all(t.ci_us <= max(fastest * pct / 100, floor_us) for t in timings)
 
 
 def race(configs: Sequence[Config], sample: Callable[[Config], float], band: TieBand,
@@ -174,7 +178,7 @@ def race(configs: Sequence[Config], sample: Callable[[Config], float], band: Tie
         if len(rounds) >= budget.min_rounds and decided(now, band):
             stopped = "decided"
             break
-        if len(rounds) >= budget.min_rounds and precise(now, budget.precision_pct):
+        if len(rounds) >= budget.min_rounds and precise(now, budget.precision_pct, budget.floor_us):
             stopped = "precise"
             break
         if time.perf_counter() - started > budget.max_seconds:

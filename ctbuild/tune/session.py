@@ -27,6 +27,7 @@ from ..records import TuningRecord, stored_tuning
 from ..specs import Workload, describe
 from ..toolchain import toolchain_for
 from .choice import DEFAULT_BAND_PERCENT, TieBand
+from .gate import Gate
 from .race import SPAN_BUDGET
 from .recorded import recorded_workloads
 from .span import DEFAULT_SPLITS
@@ -190,28 +191,34 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
                  opts: TuneOptions, *, only: Sequence[str] = (), entry_timeout_s: float | None = None,
                  max_restarts: int = 8,
                  emit: Callable[[dict[str, Any]], None] | None = None,
-                 mode: str = "tune", payload: Mapping[int, Any] | None = None,
-                 env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Run `tune_entries` (``mode="finals"``: `finals_entries` on ``payload``, the configs per
-    entry) in a child process with ``env`` added to its environment; if it dies (a fault that
-    escaped cuTile's benchmark subprocess) or stalls, restart it on the remaining entries,
-    excluding the candidate that was being measured (recorded as a failure of that entry).
+                 env: Mapping[str, str] | None = None, gate: Gate | None = None,
+                 finals: Gate | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None
+                 ) -> list[dict[str, Any]]:
+    """Run `tune_entries` in a child process with ``env`` added to its environment; if it dies
+    (a fault that escaped cuTile's benchmark subprocess) or stalls, restart it on the remaining
+    entries, excluding the candidate that was being measured (recorded as a failure of that
+    entry). With a ``gate``, the child measures once it opens (`ctbuild.tune.gate`); one that
+    says stop leaves the entries untuned. With ``finals``, the child then says ``idle`` and
+    waits there for the fleet's finals (JSON: configs per entry index), runs them
+    (`finals_entries`) and exits; ``on_event`` gets the ``idle`` and ``finals`` events.
     """
-    run = _Supervision(entries, emit)
+    run = _Supervision(entries, emit, on_event)
     per_entry = entry_timeout_s or _entry_budget(opts)
     with tempfile.TemporaryDirectory(prefix="ctbuild-tune-") as tmp:
         while run.remaining:
             events_path = Path(tmp) / f"events-{run.restarts}.jsonl"
             spec = {"config": config_path, "cache": cache_dir, "entries": run.remaining,
                     "only": list(only), "exclude": {str(k): v for k, v in run.exclude.items()},
-                    "opts": {**opts.__dict__}, "events": str(events_path), "mode": mode,
-                    "payload": {str(k): v for k, v in (payload or {}).items()}}
+                    "opts": {**opts.__dict__}, "events": str(events_path),
+                    "gate": str(gate.path) if gate else None,
+                    "finals": str(finals.path) if finals else None}
             spec_path = Path(tmp) / f"spec-{run.restarts}.json"
             spec_path.write_text(json.dumps(spec))
             proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tune.session", str(spec_path)],
                                     stdout=sys.stderr, env={**os.environ, **(env or {})})
             watch = run.follow(proc, events_path, per_entry)
-            if not run.remaining:
+            if not run.remaining or (gate is not None and gate.stopped()):
                 break
             run.restart(watch, proc.returncode, per_entry, max_restarts)
     return [run.results[e.index] for e in entries if e.index in run.results]
@@ -233,9 +240,11 @@ class _Supervision:
     far, the entries left, the candidates excluded per entry and the restarts."""
 
     def __init__(self, entries: Sequence[Entry],
-                 emit: Callable[[dict[str, Any]], None] | None) -> None:
+                 emit: Callable[[dict[str, Any]], None] | None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.entries = entries
         self.emit = emit
+        self.on_event = on_event
         self.results: dict[int, dict[str, Any]] = {}
         self.exclude: dict[int, dict[str, str]] = {}
         self.remaining = [e.index for e in entries]
@@ -262,6 +271,10 @@ class _Supervision:
                     watch.current = None
                     if self.emit:
                         self.emit(s)
+                elif ev["event"] in ("idle", "finals"):
+                    watch.current = None
+                    if self.on_event:
+                        self.on_event(ev)
             if rc is not None:
                 return watch
             if watch.current is not None and time.monotonic() - watch.started > per_entry:
@@ -316,7 +329,7 @@ def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
 def _child(spec_path: str) -> int:
     """The supervised tuning process (``python -m ctbuild.tune.session SPEC``)."""
     spec = json.loads(Path(spec_path).read_text())
-    if spec["mode"] == "tune" and spec["opts"].get("timeout_s") is not None:
+    if spec["opts"].get("timeout_s") is not None:
         from .. import cutile
         cutile.start_timed_benchmark_worker()
     from ctbuild.cache import Store
@@ -325,10 +338,10 @@ def _child(spec_path: str) -> int:
     project = load_project(spec["config"], cache_dir=spec["cache"])
     kernels = project.kernels()
     store = Store(spec["cache"])
-    entries = entries_for(kernels, spec["only"],
-                          recorded_workloads(store, kernels, current_device().arch))
+    every = entries_for(kernels, spec["only"],
+                        recorded_workloads(store, kernels, current_device().arch))
     wanted = set(spec["entries"])
-    entries = [e for e in entries if e.index in wanted]
+    entries = [e for e in every if e.index in wanted]
     opts = TuneOptions(**spec["opts"])
     events = open(spec["events"], "a", buffering=1)
     lock = threading.Lock()
@@ -341,12 +354,17 @@ def _child(spec_path: str) -> int:
     def emit(s: dict[str, Any]) -> None:
         write({"event": "done", "entry": s["entry"], "summary": s})
 
-    if spec["mode"] == "finals":
-        finals_entries(entries, store, opts, {int(k): v for k, v in spec["payload"].items()},
-                       emit=emit, on_event=write)
+    if spec.get("gate") and not Gate(spec["gate"]).wait():
         return 0
     tune_entries(entries, store, opts, exclude={int(k): v for k, v in spec["exclude"].items()},
                  emit=emit, on_event=write, isolated=True)
+    if spec.get("finals"):
+        write({"event": "idle"})
+        posted = json.loads(Gate(spec["finals"]).read() or "{}")
+        finals_entries([e for e in every if str(e.index) in posted], store, opts,
+                       {int(k): v for k, v in posted.items()}, on_event=write,
+                       emit=lambda s: write({"event": "finals", "entry": s["entry"],
+                                             "summary": s}))
     return 0
 
 

@@ -14,7 +14,7 @@ the band of the smallest) go to the default config, else the first in space orde
 (`ctbuild.tune.choice`). Where even that worst loss exceeds the band, the bucket is split along
 the Dim whose sizes carry the loss (`Span.split`): from the top down, each sub-bucket takes the
 smaller sizes while one config stays within the band over all of them, at most
-`DEFAULT_SPLITS` times by default. A sub-bucket's upper corner is its split point
+`DEFAULT_SPLITS` times along each Dim by default. A sub-bucket's upper corner is its split point
 (`ctbuild.bucket_map`); its winner is recorded under the point's own tuning key, from the times
 already measured: nothing is measured twice.
 """
@@ -32,7 +32,8 @@ from .choice import TieBand, Timing, choose
 #: The most sizes below its upper bound raced along one Dim of a bucket over one Dim, and
 #: over several (each of its Dims).
 MAX_PER_DIM = (7, 5)
-#: The most times a bucket is split by default (``--refine N``, ``max_splits=``).
+#: The most times a bucket is split along each Dim by default (``--refine N``,
+#: ``max_splits=``).
 DEFAULT_SPLITS = 3
 
 
@@ -248,16 +249,13 @@ class Span:
               refuse: Callable[[list[dict[str, int]]], str | None], before: list[Group]
               ) -> tuple[list[Group], str | None]:
         """``groups`` with their top group split again along another Dim, where it loses more
-        than the band, splits are left and that leaves it less loss."""
-        left = limit - (len(groups) - 1)
+        than the band and that leaves it less loss (each Dim may be split ``limit`` times)."""
         if len(groups) < 2 or groups[-1].worst_pct * 100 <= band.percent:
             return groups, why
-        if left < 1:
-            return groups, why or f"the split limit ({limit}) is reached"
         top = sorted(groups[-1].members, key=lambda i: i == self.top)
         sub = Span(self.bucket, [self.sizes[i] for i in top], [self.times[i] for i in top],
                    classes=[self.cls(i) for i in top])
-        nested, nested_why = sub._split(order, default, band, left, refuse,
+        nested, nested_why = sub._split(order, default, band, limit, refuse,
                                         [*before, *groups[:-1]])
         if len(nested) < 2 or max(g.worst_pct for g in nested) >= groups[-1].worst_pct:
             return groups, why

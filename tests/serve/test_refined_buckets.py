@@ -11,7 +11,7 @@ from conftest import RUNTIME_TOOLCHAIN
 
 import ctbuild
 from ctbuild import Dim, Product, Tensor, runtime
-from ctbuild.bucket_map import MAX_SPLITS, BucketMapError, Split, read_splits, split_for
+from ctbuild.bucket_map import MAX_POINTS, BucketMapError, Split, read_splits, split_for
 from ctbuild.cache import Store
 from ctbuild.keys import record_key_for
 
@@ -53,7 +53,7 @@ def test_split_points_are_read_defensively() -> None:
         "format 2": {"format": 2, "splits": []},
         "format True": {"format": True, "splits": []},
         "no list of splits": {"splits": {"L": 150}},
-        f"more than the {MAX_SPLITS}": _entry(*range(130, 131 + MAX_SPLITS)),
+        f"more than the {MAX_POINTS}": _entry(*range(130, 131 + MAX_POINTS)),
         "exactly ['L']": {"splits": [{"sizes": {"M": 150}}]},
         "L=128 is not a size in [129, 256]": _entry(128),
         "is the bucket's upper bound": _entry(256),

@@ -3,6 +3,7 @@ checked with simulated GPUs whose clocks drift (the GPU tests and
 benchmarks/tune_reproducibility.py measure real ones)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -291,7 +292,62 @@ def test_the_top_of_a_split_is_split_again_along_another_dim():
     assert split_for(splits, {"B": 1, "S": 50}).sizes == {"B": 1, "S": 8192}
     assert split_for(splits, {"B": 4, "S": 50}).sizes == {"B": 8, "S": 91}
     assert split_for(splits, {"B": 4, "S": 500}) is None
-    # one split only: the first along B, and why the rest is left
+    # the limit is per Dim: one split along B and one along S still serve every size
     groups, why = span.split(order, None, TieBand(2.0), limit=1)
-    assert [g.point for g in groups] == [{"B": 1, "S": 8192}, None]
-    assert why == "the split limit (1) is reached"
+    assert [g.point for g in groups] == [{"B": 1, "S": 8192}, {"B": 8, "S": 91}, None]
+    assert why is None
+
+
+def test_sizes_between_the_bounds_race_only_who_was_near_somewhere():
+    """The lower bound races every candidate; a size between the bounds skips a config far
+    behind at every size raced before it, but still races the kept winner and default, and a
+    config near the fastest only at the lower bound. The skipped one never serves there."""
+    from ctbuild.dims import concretize
+    from ctbuild.tune.measuring import measure_span
+    w = Workload({"X": Tensor((Dim("M", 1, 1024),), "float16")})
+    [b] = [b for b in buckets(w) if b.to_json() == {"M": 1024}]
+    # 64 is best (only) at the lower bound, 512 near everywhere, 256 and 128 (kept) far.
+    speed = {64: lambda m: m / 10 - 20, 128: lambda m: 40 + m / 40, 256: lambda m: 200 + m,
+             512: lambda m: 30 + m / 60}
+    seen: dict[int, set[int]] = {}
+
+    def timer_for(cw):
+        m = cw["X"].shape[0]
+
+        def sample(c: Config) -> float:
+            seen.setdefault(m, set()).add(c["TILE"])
+            return speed[c["TILE"]](m)
+        return sample
+    top = {cfg(t): Timing(cfg(t), f(1024), 0.0, 5) for t, f in speed.items()}
+    span, failures = measure_span(b, list(top), top, timer_for, TieBand(2.0), keep=[cfg(128)])
+    low = b.lower_bounds()["M"]
+    assert failures == [] and seen[low] == {64, 128, 256, 512}          # the bound: all
+    inner = [s["M"] for s in span.sizes[:-1] if s["M"] != low]
+    assert inner and all(seen[m] == {64, 128, 512} for m in inner)      # 256: far everywhere
+    assert [s["M"] for s in span.sizes] == sorted(s["M"] for s in span.sizes)
+    assert span.races[0]["raced"] == 4 and span.races[1]["raced"] == 3
+    assert concretize(b.declared, span.sizes[0])["X"].shape == (low,)
+    groups, _ = span.split(SPACE + [cfg(t) for t in (64,)], None, TieBand(2.0), limit=3)
+    assert cfg(256) not in {g.winner for g in groups}
+
+
+def test_a_span_race_of_a_tiny_kernel_stops_once_timed_to_its_floor():
+    """Three ~3 us configs with 4% noise: a 1% precision alone (0.03 us) runs to the round
+    cap; the span budget's 0.05 us floor stops as soon as the CIs reach it. Every round takes
+    three samples a candidate (the first after an untimed first launch)."""
+    from ctbuild.tune.race import SPAN_BUDGET
+    true = {cfg(64): 3.0, cfg(128): 3.01, cfg(256): 3.02}
+
+    def run(budget: RaceBudget) -> tuple[int, str, int]:
+        rng, calls = random.Random(7), []
+
+        def sample(c: Config) -> float:
+            calls.append(c)
+            return true[c] * (1 + rng.gauss(0, 0.04))
+        result = race(list(true), sample, TieBand(2.0), budget)
+        return result.rounds, result.stopped, len(calls)
+    no_floor = dataclasses.replace(SPAN_BUDGET, floor_us=0.0, max_seconds=60)
+    assert run(no_floor)[:2] == (SPAN_BUDGET.max_rounds, "budget: rounds")
+    rounds, stopped, calls = run(dataclasses.replace(SPAN_BUDGET, max_seconds=60))
+    assert stopped == "precise" and rounds < SPAN_BUDGET.max_rounds
+    assert calls == 3 * (1 + 3) + 3 * 3 * (rounds - 1)

@@ -247,3 +247,33 @@ def test_verify_re_measures_recorded_winners_and_rewrites_nothing(examples_tuned
         assert v["recorded_on"] == torch.cuda.get_device_name()
         assert v["winner_slower_pct"] >= 0 and v["fastest"] is not None
     assert dict(store.tuning_records()) == before
+
+
+def test_a_stale_entry_is_never_measured_though_the_lane_starts_during_the_check(
+        examples_cache, tmp_path):
+    """One matmul candidate's cached CUBIN records TileIR these sources do not give (a
+    fingerprint hole). The measuring process starts while the identity check runs, and waits
+    for it: the entry is removed first, so that candidate is reported missing, never timed."""
+    import shutil
+
+    from ctbuild.cache import Store
+    cache = tmp_path / "cache"
+    shutil.copytree(examples_cache, cache)
+    with Store(cache) as store:
+        entries = dict(store.compile_entries())
+        stale = next(k for k, m in entries.items() if m["kernel"] == "matmul")
+        hit = store.get_compile(stale)
+        store.put_compile(stale, hit.cubin, symbol=hit.symbol,
+                          meta={**entries[stale], "tileir": "0" * 32})
+    r = run_cli("tune", "--config", str(EXAMPLES / "ctbuild.toml"), "--cache", str(cache),
+                "--kernel", "matmul", "--retune", "--json")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "fingerprint hole" in r.stderr and stale[:16] in r.stderr
+    config = entries[stale]["config"]
+    summaries = json.loads(r.stdout)["entries"]
+    assert all(s["status"] == "tuned" for s in summaries)
+    hit = [s for s in summaries if any(f["config"] == config for f in s["failures"])]
+    assert len(hit) == 1, [s["failures"] for s in summaries]
+    [why] = [f["error"] for f in hit[0]["failures"] if f["config"] == config]
+    assert why.startswith("missing: no CUBIN"), why
+    assert config not in [c["config"] for c in hit[0]["record"]["candidates"]]
