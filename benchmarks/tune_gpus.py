@@ -3,7 +3,7 @@
     python benchmarks/tune_gpus.py [--config C ...] [--gpus all] [--json FILE]
 
 1. Precompile every planned candidate of each project (default: benchmarks/kernels/tune_all.toml)
-   for this node's arch in a local process pool (no Ray), into one cache;
+   for this node's arch with `ctbuild precompile --farm local` (no Ray), into one cache;
    copy it once per run, so every run measures the same CUBINs from a cache with no records.
 2. ``ctbuild tune --gpus 0`` into the first copy, then ``--gpus 0,1,...,N-1`` into the second
    (fresh processes each).

@@ -4,7 +4,7 @@
 
 1. Precompile every planned candidate of each project (default: benchmarks/kernels/tune_all.toml,
    the examples, the coverage fixture's `Dim` kernels and the heavy kernels over `Dim`s) for
-   this GPU's arch, in a local process pool (no Ray), into cache A; copy it to cache B (the
+   this GPU's arch with `ctbuild precompile --farm local` (no Ray), into cache A; copy it to cache B (the
    same CUBINs, no tuning records).
 2. ``ctbuild tune`` each project into A, then into B (fresh processes, timed).
 3. Compare the records key by key and print, in one run:

@@ -166,8 +166,7 @@ def run(args: argparse.Namespace) -> int:
     from ctbuild.cache import Store
 
     from ..toolchain import toolchain_for
-    from ..tune.fleet import FleetRun, GpuListError, tune_fleet
-    from ..tune.gate import Gate
+    from ..tune.fleet import FleetRun, GpuListError
     from ..tune.recorded import recorded_workloads
     from ..tune.session import entries_for, tune_entries
     from ..tune.tuner import current_device
@@ -213,18 +212,29 @@ def run(args: argparse.Namespace) -> int:
     if args.no_isolate:
         check()
         summaries = tune_entries(entries, store, opts, device=device, toolchain_fp=fp, emit=emit)
-    else:  # the measuring processes start while the check runs, and wait for it (gate.py)
-        config = str(project.path.resolve()) if project.path else None
-        with tempfile.TemporaryDirectory(prefix="ctbuild-gate-") as tmp:
-            gate = Gate(Path(tmp) / "identity-checked").after(check)
-            run_on = FleetRun(config, str(project.cache_dir), opts, gpus or [device.index],
-                              only, pin=gpus is not None, gate=gate)
-            summaries, fleet = tune_fleet(run_on, entries, store, device, fp, emit)
-            gate.finish()
+    else:
+        run_on = FleetRun(str(project.path.resolve()) if project.path else None,
+                          str(project.cache_dir), opts, gpus or [device.index], only,
+                          pin=gpus is not None)
+        summaries, fleet = gated(run_on, check, entries, store, device, fp, emit)
         if len(run_on.gpus) > 1 and not quiet:
             _print_fleet(summaries, fleet)
     out = tune_result(project, device, fp, time.perf_counter() - start, summaries, fleet)
     return finish(args, out)
+
+
+def gated(run_on: Any, check: Callable[[], None], entries: list, store: Any, device: Any,
+          fp: str, emit: Callable[[dict[str, Any]], None]
+          ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`tune_fleet` with its measuring processes started while the identity ``check`` runs
+    in this process: they wait for it at a gate (`ctbuild.tune.gate`)."""
+    from ..tune.fleet import tune_fleet
+    from ..tune.gate import Gate
+    with tempfile.TemporaryDirectory(prefix="ctbuild-gate-") as tmp:
+        run_on.gate = Gate(Path(tmp) / "identity-checked").after(check)
+        out = tune_fleet(run_on, entries, store, device, fp, emit)
+        run_on.gate.finish()
+    return out
 
 
 def report_problem(report: str | None) -> str | None:
