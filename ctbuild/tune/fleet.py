@@ -10,9 +10,10 @@
    race at their own size ended on its budget with a finalist at the band's edge. Every lane's
    process, its own keys done, waits (`ctbuild.tune.gate`) until all are, then re-measures
    those keys' finalists interleaved (no second process start-up), and the winner is decided
-   on the median time across GPUs by the same tie rule, kept with the per-GPU times. A key decided in its lane, or
-   whose winner was chosen over a bucket's sizes or per layout class, is not measured again. A GPU whose times are
-   more than 3% above the fleet median on the same candidates is named.
+   on the median time across GPUs by the same tie rule, kept with the per-GPU times. A key
+   decided in its lane, or whose winner was chosen over a bucket's sizes or per layout class,
+   is not measured again. A GPU whose times are more than 3% above the fleet median on the
+   same candidates is named.
 
 With one GPU this is the same code path with nothing to merge: the lane decides.
 """
