@@ -194,7 +194,7 @@ def checked_max_splits(value: Any, error: Callable[[str], Exception]) -> int | N
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SPLITS:
         raise error(f"max_splits must be a whole number from 0 to {MAX_SPLITS} (how many times "
-                    f"a Dim bucket may be split), got {value!r}")
+                    f"a Dim bucket may be split along each Dim), got {value!r}")
     return value
 
 

@@ -120,8 +120,8 @@ def refine_count(text: str) -> int:
     except ValueError:
         n = 0
     if not 1 <= n <= MAX_SPLITS:
-        raise argparse.ArgumentTypeError(f"expected a number of splits per bucket from 1 to "
-                                         f"{MAX_SPLITS}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number of splits along each Dim of a "
+                                         f"bucket, from 1 to {MAX_SPLITS}, got {text!r}")
     return n
 
 
