@@ -161,12 +161,15 @@ class FleetRun:
 
 class Finals:
     """The finals of one fleet tune: each lane's process, its keys tuned, says ``idle`` and
-    waits at ``gate`` (`ctbuild.tune.gate`) for the configs to re-measure; what each lane
-    timed, per entry."""
+    waits at ``gate`` (`ctbuild.tune.gate`) for the configs to re-measure; what was posted
+    (configs per entry index), how long the lanes took to be idle, what each lane timed, per
+    entry."""
 
     def __init__(self, gate: Gate, lanes: int) -> None:
         self.gate, self.lanes = gate, lanes
         self.idle: set[int] = set()
+        self.posted: dict[int, list[dict[str, Any]]] = {}
+        self.waited = 0.0
         self.timed: dict[int, dict[int, dict[str, Any]]] = {}
         self.ready = threading.Event()
         self._lock = threading.Lock()
@@ -183,19 +186,18 @@ class Finals:
         return on_event
 
     def run(self, futures: list[concurrent.futures.Future],
-            payload: Callable[[], dict[int, list[dict[str, Any]]]]) -> float:
+            payload: Callable[[], dict[int, list[dict[str, Any]]]]) -> None:
         """Once every lane is idle (or gone), post ``payload()`` (configs per entry; nothing
-        when it raises, and the lanes exit); the seconds waited."""
+        when it raises, and the lanes exit)."""
         start = time.perf_counter()
-        posted: dict[int, list[dict[str, Any]]] = {}
         try:
             while not self.ready.wait(0.05):
                 if all(f.done() for f in futures):
                     break
-            posted = payload()
+            self.waited = time.perf_counter() - start
+            self.posted = payload()
         finally:
-            self.gate.post(json.dumps({str(k): v for k, v in posted.items()}))
-        return time.perf_counter() - start
+            self.gate.post(json.dumps({str(k): v for k, v in self.posted.items()}))
 
 
 def lost(summary: dict[str, Any]) -> bool:
@@ -221,21 +223,18 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
         if emit:
             emit(s)
     lanes = [i for i, share in enumerate(shares) if share]
-    open_keys: list[Entry] = []
 
     def finals_of() -> dict[int, list[dict[str, Any]]]:
         if any(lost(s) for s in results.values()):  # moved first; those keys are not re-run
             return {}
-        open_keys[:] = [e for e in entries if results.get(e.index, {}).get("status") ==
-                        "tuned" and undecided(TuningRecord.from_json(results[e.index]["record"]))]
-        return {e.index: contenders(TuningRecord.from_json(results[e.index]["record"]))
-                for e in open_keys}
+        records = {e.index: TuningRecord.from_json(results[e.index]["record"]) for e in entries
+                   if results.get(e.index, {}).get("status") == "tuned"}
+        return {i: contenders(rec) for i, rec in records.items() if undecided(rec)}
     start = time.perf_counter()
-    walls: list[float] = []
     with tempfile.TemporaryDirectory(prefix="ctbuild-finals-") as tmp:
         fin = Finals(Gate(Path(tmp) / "finals"), len(lanes)) if len(lanes) > 1 else None
         screened = run.each_lane(shares, emit=keep, finals=fin, between=None if fin is None
-                                 else lambda futures: walls.append(fin.run(futures, finals_of)))
+                                 else lambda futures: fin.run(futures, finals_of))
     wall = time.perf_counter() - start
     retry = [e for e in entries if e.index in results and lost(results[e.index])]
     moved = []
@@ -248,12 +247,13 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
                 results[s["entry"]] = {**s, "note": (s.get("note", "") + " (moved to another "
                                                      "GPU after its process died)").strip()}
                 moved.append(s["entry"])
-    screen_wall = walls[0] if walls else wall
+    screen_wall = fin.waited if fin is not None else wall
     report: dict[str, Any] = {"gpus": run.gpus, "moved": moved, "slow_gpus": [],
                               "screen_wall_s": round(screen_wall, 3),
                               "lanes": [lane_summary(g, lane) for g, lane in zip(run.gpus,
                                                                                  screened)]}
     if fin is not None:
+        open_keys = [e for e in entries if e.index in fin.posted]
         report["finals_keys"] = len(open_keys)
         report["slow_gpus"] = finals(run, lanes, open_keys, fin, results, store, device, fp)
         report["finals_wall_s"] = round(wall - screen_wall, 3)

@@ -216,7 +216,7 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
     times: dict[int, dict[Config, Timing]] = {}
     races: dict[int, dict[str, Any]] = {}
     problems, failures = [], []
-    near = {c for c, t in top.items() if t.mean_us <= PRUNE_FACTOR * _fastest(top)}
+    near = _near(top)
     for i in [*bounds, *(i for i in range(len(sizes)) if i not in bounds)]:
         raced = [c for c in contenders if i in bounds or c in near or c in keep]
         started = time.perf_counter()
@@ -228,7 +228,7 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
         failures += [{"config": c.to_json(), "error": f"at {sizes[i]}: {why}"}
                      for c, why in result.failures]
         times[i] = {t.config: t for t in result.timings}
-        near |= {c for c, t in times[i].items() if t.mean_us <= PRUNE_FACTOR * _fastest(times[i])}
+        near |= _near(times[i])
         races[i] = {"raced": len(raced), "rounds": result.rounds, "stopped": result.stopped,
                     "seconds": round(time.perf_counter() - started, 4)}
     kept = sorted(times)
@@ -237,8 +237,10 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
                 [races[i] for i in kept], [layout_class(size) for size in out]), failures
 
 
-def _fastest(times: dict[Config, Timing]) -> float:
-    return min(t.mean_us for t in times.values())
+def _near(times: dict[Config, Timing]) -> set[Config]:
+    """The configs within `PRUNE_FACTOR` of the fastest of ``times``."""
+    reach = PRUNE_FACTOR * min(t.mean_us for t in times.values())
+    return {c for c, t in times.items() if t.mean_us <= reach}
 
 
 def key_clash(tuned: TunedKernel, bucket: Bucket, points: Sequence[dict[str, int]]

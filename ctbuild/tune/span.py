@@ -164,11 +164,11 @@ class Span:
         serves the whole bucket within the band, it is not split (`_by_layout`); else a group
         of the split that still loses more than the band gets them where that helps;
         ``limit`` 0 (``--no-refine``) allows neither. The split along the Dim that leaves
-        the least loss (`_score`); where the top group still loses
-        more than the band and splits are left, it is split again along another Dim (its
-        points come after the first split's: the runtime serves a size by the first point
-        that holds it). ``refuse(points)``: why a split at these points cannot be recorded
-        (None: it can); a refused split leaves the bucket whole, for that reason."""
+        the least loss (`_score`), at most ``limit`` times along each Dim; where the top group
+        still loses more than the band, it is split again along another Dim (its points come
+        after the first split's: the runtime serves a size by the first point that holds
+        it). ``refuse(points)``: why a split at these points cannot be recorded (None: it
+        can); a refused split leaves the bucket whole, for that reason."""
         everything = list(range(len(self.sizes)))
         whole = self.pick(everything, order, default, band)
         if limit == 0:  # one winner for the whole bucket, whatever the layout classes
@@ -208,33 +208,31 @@ class Span:
                before: list[Group]) -> tuple[list[Group], str | None]:
         """`split` along the Dims no group in ``before`` (the split this one nests in) was
         split along, then nested where the top group still loses more than the band."""
-        done = {n for g in before if g.point for n, v in g.point.items()
-                if v < self.sizes[self.top][n]}
+        done = self._cut(before)
         everything = list(range(len(self.sizes)))
         whole = self.pick(everything, order, default, band)
-        tries: list[tuple[list[Group], str, str | None]] = []
+        tries: list[tuple[list[Group], str | None]] = []
         for name, line in self.lines().items():
             if name in done or len(line) < 2:
                 continue
-            groups, _, why = self._split_along(name, line, order, default, band, limit)
+            groups, why = self._split_along(name, line, order, default, band, limit)
             no = refuse([g.point for g in [*before, *groups] if g.point]) \
                 if len(groups) > 1 else None
-            if no:
-                tries.append(([whole], name, no))
-            else:
-                groups, why = self._nest(groups, why, order, default, band, limit, refuse,
-                                         before)
-                tries.append((groups, name, why))
-        groups, name, why = min(tries, key=lambda t: self._score(t[0], band),
-                                default=([whole], "", None))
+            tries.append(([whole], no) if no else
+                         self._nest(groups, why, order, default, band, limit, refuse, before))
+        groups, why = min(tries, key=lambda t: self._score(t[0], band), default=([whole], None))
         if why is None and max(g.worst_pct for g in groups) * 100 > band.percent:
-            top = self.sizes[self.top]
-            dims = dict.fromkeys(n for g in [*before, *groups] if g.point
-                                 for n, v in g.point.items() if v < top[n])
+            dims = self._cut([*before, *groups])
             why = ("the loss left is at sizes no split along one Dim at a time serves apart "
                    f"(split along {', then '.join(dims)})" if len(groups) > 1 else
                    "no size can be served apart from the others along any Dim")
         return groups, why
+
+    def _cut(self, groups: Sequence[Group]) -> dict[str, None]:
+        """The Dims ``groups``' split points cut along (below this span's top), in order."""
+        top = self.sizes[self.top]
+        return dict.fromkeys(n for g in groups if g.point for n, v in g.point.items()
+                             if v < top[n])
 
     def _score(self, groups: list[Group], band: TieBand) -> tuple[float, float, int]:
         """How much loss a split leaves, to compare splits by: the worst group's (within the
@@ -265,11 +263,11 @@ class Span:
 
     def _split_along(self, name: str, line: list[int], order: Sequence[Config],
                      default: Config | None, band: TieBand, limit: int
-                     ) -> tuple[list[Group], str, str | None]:
-        """(the groups of a split along ``name``, the Dim, why not further: the limit)."""
+                     ) -> tuple[list[Group], str | None]:
+        """(the groups of a split along ``name``, why not further: the limit)."""
         runs, limited = self._runs(line, name, band, limit)
         why = f"the split limit ({limit}) is reached" if limited else None
-        return self._groups(runs, name, order, default, band), name, why
+        return self._groups(runs, name, order, default, band), why
 
     def _runs(self, line: list[int], name: str, band: TieBand, limit: int
               ) -> tuple[list[list[int]], bool]:
