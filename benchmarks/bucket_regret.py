@@ -3,9 +3,9 @@
     python benchmarks/bucket_regret.py --cache DIR [--threshold 3] [--json FILE]
     python benchmarks/bucket_regret.py --cache DIR --measure --config C [--config C ...]
 
-``--measure`` (on a GPU) does not trust the records: at sizes the tuner did not race (along
-one Dim at 1/8, 3/8, 5/8 and 7/8 of the way from the lower bound on a log scale; with several
-Dims, each at 1/4 or 3/4 independently and all at 1/2), it asks the runtime what it serves
+``--measure`` (on a GPU) does not trust the records: at sizes drawn log-uniformly inside each
+bucket (seeded: the same sizes every run, whatever the tuner races; 4 a bucket over one Dim, 5
+over several), it asks the runtime what it serves
 (``explain``: the bucket's record, or the sub-bucket's where the bucket was split), races that
 config against every candidate there and prints the served config's loss over the fastest:
 p50, p95 and max over all those sizes, per kernel and in total.
@@ -79,32 +79,28 @@ def as_served(rows: list[dict[str, Any]]
     return declared, sub_rows, served
 
 
-CHECK_FRACTIONS = (1 / 8, 3 / 8, 5 / 8, 7 / 8)
+#: Sizes drawn per bucket over one Dim, and over several.
+CHECK_DRAWS = (4, 5)
 
 
 def check_sizes(bucket: Any) -> list[dict[str, int]]:
-    """Sizes inside ``bucket`` that the tuner does not race (`ctbuild.tune.span.span_sizes`):
-    along one Dim at 1/8, 3/8, 5/8 and 7/8 of the way from its lower bound on a log scale;
-    with several Dims each at 1/4 or 3/4 independently, and all at 1/2. A size the tuner
-    races is moved up by one."""
-    import itertools
-
-    from ctbuild.tune.span import span_sizes
+    """Sizes inside ``bucket`` to judge its winners at, drawn log-uniformly per Dim between
+    its lower and upper bounds, seeded by the bucket: where the tuner races plays no part in
+    where it is judged (fixed fractions of the way once fell one above a size the tuner
+    added), so two versions of the tuner are judged at the same sizes. The upper bound (the
+    key's own size) is not drawn."""
+    import math
+    import random
     top, low = dict(bucket.sizes), bucket.lower_bounds()
-    raced = span_sizes(bucket)
-
-    def at(name: str, f: float) -> int:
-        return round(low[name] ** (1 - f) * top[name] ** f)
-    names = sorted(top)
-    combos = [[f] for f in CHECK_FRACTIONS] if len(names) == 1 else \
-        [list(c) for c in itertools.product((1 / 4, 3 / 4), repeat=len(names))] + \
-        [[1 / 2] * len(names)]
+    rng = random.Random(json.dumps([sorted(top.items()), sorted(low.items())]))
+    want = CHECK_DRAWS[0] if len(top) == 1 else CHECK_DRAWS[1]
     out: list[dict[str, int]] = []
-    for combo in combos:
-        sizes = {n: at(n, f) for n, f in zip(names, combo)}
-        if sizes in raced:
-            sizes = {n: min(v + 1, top[n]) for n, v in sizes.items()}
-        if sizes != top and sizes not in out and sizes not in raced:
+    for _ in range(8 * want):
+        if len(out) == want:
+            break
+        sizes = {n: min(top[n], max(low[n], round(math.exp(rng.uniform(
+            math.log(low[n]), math.log(top[n] + 1)))))) for n in sorted(top)}
+        if sizes != top and sizes not in out:
             out.append(sizes)
     return out
 
@@ -166,7 +162,7 @@ def print_measured(rows: list[dict[str, Any]], gpu: str) -> None:
         print(f"{name}: {len(mine)} sizes, served regret p95 {percentile(mine, 95):.2f}%, "
               f"max {max(mine):.2f}%")
     every = [r["regret_pct"] for r in rows]
-    print(f"GPU: {gpu}; served regret at {len(every)} sizes the tuner did not race: p50 "
+    print(f"GPU: {gpu}; served regret at {len(every)} sizes drawn inside the buckets: p50 "
           f"{percentile(every, 50):.2f}%, p95 {percentile(every, 95):.2f}%, max "
           f"{max(every, default=0.0):.2f}%")
 

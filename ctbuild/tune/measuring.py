@@ -205,14 +205,14 @@ PRUNE_FACTOR = 1.3
 def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config, Timing],
                  timer_for: Callable[[Workload], Callable[[Config], float]], band: TieBand,
                  keep: Sequence[Config] = ()) -> tuple[Span, list[dict[str, Any]]]:
-    """Race ``contenders`` at each of the bucket's other sizes, the lower bounds first: (the
-    span, the candidates that failed at a size: failures of the key, naming the size). A
-    size between the bounds races only the candidates within `PRUNE_FACTOR` of the fastest
+    """Race ``contenders`` at each of the bucket's other sizes, the corners first (each Dim at
+    its lower or upper bound): (the span, the candidates that failed at a size: failures of
+    the key, naming the size). Any other size races only the candidates within `PRUNE_FACTOR` of the fastest
     at some size raced before it, and ``keep`` (the key's winner and default: every size
     times them, so some config is timed at all)."""
     sizes = span_sizes(bucket)
     low, high = bucket.lower_bounds(), dict(bucket.sizes)
-    bounds = [i for i, s in enumerate(sizes) if any(s[n] == low[n] < high[n] for n in s)]
+    bounds = [i for i, s in enumerate(sizes) if all(s[n] in (low[n], high[n]) for n in s)]
     times: dict[int, dict[Config, Timing]] = {}
     races: dict[int, dict[str, Any]] = {}
     problems, failures = [], []

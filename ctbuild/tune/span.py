@@ -20,18 +20,21 @@ already measured: nothing is measured twice.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..bucket_map import Split
+from ..bucket_map import MAX_POINTS, Split
 from ..dims import Bucket
 from ..space import Config
 from .choice import TieBand, Timing, choose
 
 #: The most sizes below its upper bound raced along one Dim of a bucket over one Dim, and
-#: over several (each of its Dims).
-MAX_PER_DIM = (7, 5)
+#: over several (each of its Dims, whose points then form a grid).
+MAX_PER_DIM = (7, 4)
+#: The most sizes of a grid over a bucket's Dims (more Dims race their lines alone).
+MAX_GRID = 64
 #: The most times a bucket is split along each Dim by default (``--refine N``,
 #: ``max_splits=``).
 DEFAULT_SPLITS = 3
@@ -41,7 +44,14 @@ def dim_points(lo: int, hi: int, most: int = MAX_PER_DIM[0]) -> list[int]:
     """The sizes below ``hi`` to race along one Dim: its lower bound; powers of two in between
     and the size one above each, where a power-of-two tile goes from filled exactly to almost
     half empty (at most ``(most - 1) // 2`` of them, spread on a log scale); then geometric
-    midpoints of the widest gaps, up to ``most`` sizes."""
+    midpoints of the widest gaps, up to ``most`` sizes; and the midpoint of the gap below
+    ``hi`` where it is still wider than 1.5x, and where ``hi`` is a multiple of 16 the size
+    one below it. A split's top sub-bucket starts above a raced size: without a size inside
+    that gap it is served by a winner chosen at ``hi`` alone (one noisy size picked it for
+    half the bucket: `benchmarks/tune_reproducibility.py`), and without one of another
+    layout class (`ctbuild.bucket_map.layout_class`: another CUBIN) by a winner chosen on
+    aligned sizes alone (attention over ``BH x S`` served S=201 120% slower than the best
+    config there: `benchmarks/bucket_regret.py --measure`)."""
     ks = [k for k in range(hi.bit_length()) if lo < 2 ** k < hi]
     n = (most - 1) // 2
     if len(ks) > n:  # spread on the log scale above the lower bound, the largest kept
@@ -56,13 +66,24 @@ def dim_points(lo: int, hi: int, most: int = MAX_PER_DIM[0]) -> list[int]:
         if gap <= math.log(1.25) or not a < mid < b:
             break
         pts.add(mid)
+    below = max(pts)
+    if hi / below > 1.5 and below < round(math.sqrt(below * hi)) < hi:
+        pts.add(round(math.sqrt(below * hi)))
+    if hi % 16 == 0 and hi - 1 > max(pts):
+        pts.add(hi - 1)
     return sorted(pts)
 
 
 def span_sizes(bucket: Bucket) -> list[dict[str, int]]:
     """The sizes to race inside ``bucket`` other than its upper bound: along each Dim
-    (`dim_points`, the others at their upper bound); with several Dims also the all-lower
-    corner and the point where every Dim is at the middle of its points; no size twice."""
+    (`dim_points`, the others at their upper bound); with several Dims every combination of
+    those points (a grid, where it has at most `MAX_GRID` sizes; else the all-lower corner and
+    the point where every Dim is at the middle of its points); no size twice. A bucket over
+    several Dims needs the grid: its best config changes with each Dim (the number of blocks
+    against the SMs), and a sub-bucket cut along one Dim is only served well along the other
+    where sizes off the lines through the upper corner were raced (on the lines alone,
+    attention over ``BH x S`` served drawn sizes with p95 63% and max 125% loss,
+    `benchmarks/bucket_regret.py --measure`)."""
     top = dict(bucket.sizes)
     low = bucket.lower_bounds()
     most = MAX_PER_DIM[0] if len(top) == 1 else MAX_PER_DIM[1]
@@ -70,7 +91,11 @@ def span_sizes(bucket: Bucket) -> list[dict[str, int]]:
     out: list[dict[str, int]] = []
     for name in sorted(top):
         out += [{**top, name: p} for p in points[name]]
-    if len(top) > 1:
+    if len(top) > 1 and math.prod(len(p) + 1 for p in points.values()) <= MAX_GRID:
+        names = sorted(top)
+        out += [dict(zip(names, combo)) for combo in itertools.product(
+            *([*points[n], top[n]] for n in names))]
+    elif len(top) > 1:
         middle = {n: pts[len(pts) // 2] if pts else top[n] for n, pts in points.items()}
         out += [dict(low), middle]
     return [s for i, s in enumerate(out) if s != top and s not in out[:i]]
@@ -178,7 +203,7 @@ class Span:
         if whole.worst_pct * 100 <= band.percent:
             return [whole], None
         groups, why = self._split(order, default, band, limit, refuse or (lambda points: None),
-                                  [])
+                                  [], ())
         groups = [self._by_layout(g, order, default, band) for g in groups]
         return groups, why if max(g.worst_pct for g in groups) * 100 > band.percent else None
 
@@ -205,10 +230,11 @@ class Span:
 
     def _split(self, order: Sequence[Config], default: Config | None, band: TieBand,
                limit: int, refuse: Callable[[list[dict[str, int]]], str | None],
-               before: list[Group]) -> tuple[list[Group], str | None]:
-        """`split` along the Dims no group in ``before`` (the split this one nests in) was
-        split along, then nested where the top group still loses more than the band."""
-        done = self._cut(before)
+               others: list[Group], done: Sequence[str]) -> tuple[list[Group], str | None]:
+        """`split` along the Dims not in ``done`` (those the split this one nests in cut
+        along), then each group that still loses more than the band along another
+        (`_nest`); ``others``: the groups of the enclosing splits (their points must keep
+        apart from these)."""
         everything = list(range(len(self.sizes)))
         whole = self.pick(everything, order, default, band)
         tries: list[tuple[list[Group], str | None]] = []
@@ -216,15 +242,15 @@ class Span:
             if name in done or len(line) < 2:
                 continue
             groups, why = self._split_along(name, line, order, default, band, limit)
-            no = refuse([g.point for g in [*before, *groups] if g.point]) \
+            no = refuse([g.point for g in [*others, *groups] if g.point]) \
                 if len(groups) > 1 else None
-            tries.append(([whole], no) if no else
-                         self._nest(groups, why, order, default, band, limit, refuse, before))
+            tries.append(([whole], no) if no else self._nest(
+                groups, why, order, default, band, limit, refuse, others, [*done, name]))
         groups, why = min(tries, key=lambda t: self._score(t[0], band), default=([whole], None))
         if why is None and max(g.worst_pct for g in groups) * 100 > band.percent:
-            dims = self._cut([*before, *groups])
             why = ("the loss left is at sizes no split along one Dim at a time serves apart "
-                   f"(split along {', then '.join(dims)})" if len(groups) > 1 else
+                   f"(split along {', then '.join(self._cut(groups) or done)})"
+                   if len(groups) > 1 else
                    "no size can be served apart from the others along any Dim")
         return groups, why
 
@@ -244,22 +270,36 @@ class Span:
 
     def _nest(self, groups: list[Group], why: str | None, order: Sequence[Config],
               default: Config | None, band: TieBand, limit: int,
-              refuse: Callable[[list[dict[str, int]]], str | None], before: list[Group]
-              ) -> tuple[list[Group], str | None]:
-        """``groups`` with their top group split again along another Dim, where it loses more
-        than the band and that leaves it less loss (each Dim may be split ``limit`` times)."""
-        if len(groups) < 2 or groups[-1].worst_pct * 100 <= band.percent:
+              refuse: Callable[[list[dict[str, int]]], str | None], others: list[Group],
+              done: list[str]) -> tuple[list[Group], str | None]:
+        """``groups`` (a split along ``done[-1]``) with each group that loses more than the
+        band split again along another Dim, where that leaves it less loss: its sizes as a
+        span whose top is the group's corner (each sub-bucket may be split ``limit`` times
+        along each Dim; the points stay within `MAX_POINTS`). A nested group's points come
+        before its corner's: the runtime serves a size by the first point that holds it."""
+        if len(groups) < 2:
             return groups, why
-        top = sorted(groups[-1].members, key=lambda i: i == self.top)
-        sub = Span(self.bucket, [self.sizes[i] for i in top], [self.times[i] for i in top],
-                   classes=[self.cls(i) for i in top])
-        nested, nested_why = sub._split(order, default, band, limit, refuse,
-                                        [*before, *groups[:-1]])
-        if len(nested) < 2 or max(g.worst_pct for g in nested) >= groups[-1].worst_pct:
-            return groups, why
-        for g in nested:
-            g.members = [top[i] for i in g.members]
-        return [*groups[:-1], *nested], nested_why
+        out: list[Group] = []
+        for k, g in enumerate(groups):
+            corner = self.sizes.index(g.point) if g.point else self.top
+            if g.worst_pct * 100 <= band.percent or corner not in g.members:
+                out.append(g)
+                continue
+            members = sorted(g.members, key=lambda i: i == corner)
+            sub = Span(self.bucket, [self.sizes[i] for i in members],
+                       [self.times[i] for i in members], classes=[self.cls(i) for i in members])
+            nested, nested_why = sub._split(order, default, band, limit, refuse,
+                                            [*others, *out, *groups[k + 1:]], done)
+            if len(nested) < 2 or max(n.worst_pct for n in nested) >= g.worst_pct or \
+                    len(out) + len(nested) + len(groups) - k - 2 > MAX_POINTS:
+                out.append(g)
+                continue
+            for n in nested:
+                n.members = [members[i] for i in n.members]
+            nested[-1].point = g.point
+            out += nested
+            why = nested_why if g.point is None else why
+        return out, why
 
     def _split_along(self, name: str, line: list[int], order: Sequence[Config],
                      default: Config | None, band: TieBand, limit: int
@@ -301,8 +341,10 @@ class Span:
         """The runs as groups, smallest first: each run's split point is its largest size
         along ``name`` (the other Dims at their upper bound); a size off the line (the
         corner, the middle, the other Dims' sizes) joins the group whose range along ``name``
-        holds it; runs with the same winner merge."""
-        top = dict(self.bucket.sizes)
+        holds it; runs with the same winner merge, unless one is served within the band and
+        the merged group would not be (it stays apart: `_nest` may split the other along
+        another Dim)."""
+        top = self.sizes[self.top]
         bounds = [max(self.sizes[i][name] for i in r) for r in runs]
         members = [list(r) for r in runs]
         on_line = {i for r in runs for i in r}
@@ -313,8 +355,12 @@ class Span:
         groups: list[Group] = []
         for m, b in zip(members, bounds):
             group = self.pick(m, order, default, band)
-            if groups and groups[-1].winner == group.winner:
-                group = self.pick(groups.pop().members + m, order, default, band)
+            merged = self.pick(groups[-1].members + m, order, default, band) \
+                if groups and groups[-1].winner == group.winner else None
+            if merged is not None and merged.worst_pct <= max(
+                    band.percent / 100, min(groups[-1].worst_pct, group.worst_pct)):
+                groups.pop()
+                group = merged
             group.point = {**top, name: b}
             groups.append(group)
         groups[-1].point = None

@@ -136,23 +136,38 @@ def test_finalists_keep_the_near_ones_and_the_default():
 
 def test_span_sizes_lower_bound_powers_of_two_and_one_above_and_midpoints():
     from ctbuild.tune.span import dim_points
-    assert dim_points(129, 1024) == [129, 256, 257, 363, 512, 513, 725]  # then widest gaps
-    assert dim_points(16, 256) == [16, 32, 33, 64, 65, 128, 129]
-    assert dim_points(1, 1 << 24) == [1, 256, 257, 65536, 65537, 1 << 23, (1 << 23) + 1]
-    assert dim_points(129, 1024, 5) == [129, 256, 257, 512, 513]
+    # then widest gaps; below a top that is a multiple of 16, the size one below it (the
+    # other layout class)
+    assert dim_points(129, 1024) == [129, 256, 257, 363, 512, 513, 725, 1023]
+    # an octave left below the top: its midpoint too (a split's top run is then not raced
+    # at the upper bound alone)
+    assert dim_points(16, 256) == [16, 32, 33, 64, 65, 128, 129, 182, 255]
+    assert dim_points(1, 1 << 24) == [1, 256, 257, 65536, 65537, 1 << 23, (1 << 23) + 1,
+                                      11863284, (1 << 24) - 1]
+    assert dim_points(129, 1024, 5) == [129, 256, 257, 512, 513, 725, 1023]
+    assert dim_points(1, 16, 5) == [1, 4, 5, 8, 9, 12, 15]
     assert dim_points(1, 2) == [1] and dim_points(7, 8) == [7]
     w = Workload({"X": Tensor((Dim("M", 1, 4096), 64), "float16")})
     by_top = {b.to_json()["M"]: b for b in buckets(w)}
-    assert span_sizes(by_top[1024]) == [{"M": 513}, {"M": 610}, {"M": 725}, {"M": 862}]
+    assert span_sizes(by_top[1024]) == [{"M": 513}, {"M": 610}, {"M": 725}, {"M": 862},
+                                        {"M": 1023}]
     assert span_sizes(by_top[1]) == []                                   # one size only
     two = Workload({"X": Tensor((Dim("B", 1, 8, buckets=[2, 8]), Dim("S", 16, 8192,
                                                                       buckets=[1024, 8192]),
                                  64), "float16")})
     [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
     sizes = span_sizes(b)
-    assert sizes[:5] == [{"B": n, "S": 8192} for n in (3, 4, 5, 6, 7)]
-    assert sizes[5:10] == [{"B": 8, "S": n} for n in (1025, 2048, 2049, 4096, 4097)]
-    assert sizes[10:] == [{"B": 3, "S": 1025}, {"B": 5, "S": 2049}]   # corner, middle
+    b_pts, s_pts = [3, 4, 5, 6], [1025, 2049, 4096, 4097, 5793, 8191]
+    assert sizes[:4] == [{"B": n, "S": 8192} for n in b_pts]            # the lines first
+    assert sizes[4:10] == [{"B": 8, "S": n} for n in s_pts]
+    grid = [{"B": x, "S": y} for x in [*b_pts, 8] for y in [*s_pts, 8192]]
+    assert sorted(map(str, sizes)) == sorted(str(g) for g in grid[:-1])  # then the grid
+    three = Workload({"X": Tensor(tuple(Dim(n, 1, 64, buckets=[64]) for n in "ABC"),
+                                  "float16")})
+    [b3] = buckets(three)
+    lines = 3 * len(dim_points(1, 64, 4))
+    assert len(span_sizes(b3)) == lines + 2                  # no 216-size grid: corner, middle
+    assert {"A": 1, "B": 1, "C": 1} in span_sizes(b3)
 
 
 def _span(bucket, rows: dict[str, dict[int, float]]) -> Span:
@@ -269,6 +284,29 @@ def test_a_split_past_its_limit_merges_its_lowest_runs_and_says_so():
         [(cfg(64), {"S": 16}), (cfg(256), {"S": 128}), (cfg(64), None)] and why is None
     groups, why = span.split(order, None, band, limit=1)
     assert max(g.worst_pct for g in groups) > 0.02 and why == "the split limit (1) is reached"
+
+
+def test_a_lower_part_of_a_split_is_split_again_along_another_dim():
+    """On a grid: up to S=91, B=1 wants TILE=128 and B=8 wants 256; above it 64 serves every
+    B. Split along S at 91, then that lower part along B at 1 (its points before its corner's):
+    no size loses, and the runtime's first matching point serves each."""
+    from ctbuild.bucket_map import read_splits, split_for
+    two = Workload({"X": Tensor((Dim("B", 1, 8, buckets=[8]),
+                                 Dim("S", 16, 8192, buckets=[8192]), 64), "float16")})
+    [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
+    small_b, large_b = {64: 13, 128: 10, 256: 13}, {64: 13, 128: 13, 256: 10}
+    span = _span(b, {"B=1,S=16": small_b, "B=1,S=91": small_b, "B=8,S=16": large_b,
+                     "B=8,S=91": large_b, "B=1,S=8192": {64: 10, 128: 13, 256: 13},
+                     "B=8,S=8192": {64: 100, 128: 130, 256: 130}})
+    groups, why = span.split([cfg(64), cfg(128), cfg(256)], None, TieBand(2.0), limit=3)
+    assert [(g.winner, g.point, g.worst_pct) for g in groups] == [
+        (cfg(128), {"B": 1, "S": 91}, 0.0), (cfg(256), {"B": 8, "S": 91}, 0.0),
+        (cfg(64), None, 0.0)] and why is None
+    splits = read_splits({"splits": [{"sizes": g.point} for g in groups[:-1]]}, b)
+    assert split_for(splits, {"B": 1, "S": 50}).sizes == {"B": 1, "S": 91}
+    assert split_for(splits, {"B": 4, "S": 50}).sizes == {"B": 8, "S": 91}
+    assert split_for(splits, {"B": 1, "S": 500}) is None
+    assert splits[1].sub_bucket(b, splits[:1]).lower_bounds() == {"B": 2, "S": 16}
 
 
 def test_the_top_of_a_split_is_split_again_along_another_dim():
