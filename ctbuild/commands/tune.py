@@ -55,12 +55,13 @@ rule that chose.
 
 A dynamic workload (ctbuild.Dim) is tuned once per bucket, for every size the bucket serves:
 every candidate races again at the bucket's lower bound, powers of two and one above each,
-and midpoints (along each Dim), and the winner is the config whose worst loss over those sizes
-and the upper bound is smallest (ties by the same rule). Where no config is within the band at
+midpoints and the size below a bound that is a multiple of 16 (along each Dim; over several
+Dims, every combination), and the winner is the config whose worst loss over those sizes and
+the upper bound is smallest (ties by the same rule). Where no config is within the band at
 every size, the bucket is split along the Dim that leaves the least loss, at most --refine N
-times (default 3; a kernel's
-max_splits= sets its own; --no-refine: never): each sub-bucket's winner is recorded under its
-split point's own key and served for the sizes up to it. A bucket left unsplit with a loss
+times (default 3; a kernel's max_splits= sets its own; --no-refine: never), and each part
+that still loses along another Dim: each sub-bucket's winner is recorded under its split
+point's own key and served for the sizes up to it. A bucket left unsplit with a loss
 above the band says why, on its line, in its record and in the report.
 
 Tuned entries are skipped unless --retune. Workloads added by `ctbuild precompile

@@ -2,19 +2,21 @@
 
 A bucket serves every size from its lower bound to its upper bound with one config. Its key's
 own size (the upper bound) is screened and raced (`ctbuild.tune.race`); then every screened
-candidate races again at the other sizes `span_sizes` names: along each Dim (the others at their
-upper bound) its lower bound, each power of two in between and the size one above it (where a
-power-of-two tile goes from filled exactly to almost half empty) and geometric midpoints; with
-several Dims also the corner where all are at their lower bound and a point in the middle. The
-loss of a config at a size is its time over the fastest there, minus one; a dropped
-candidate's loss is its time when dropped.
+candidate races again at the other sizes `span_sizes` names: along each Dim its lower bound,
+powers of two in between and the size one above each (where a power-of-two tile goes from
+filled exactly to almost half empty), geometric midpoints, and below the upper bound the
+midpoint of a wide gap and the size one below a bound that is a multiple of 16 (another
+layout class); with several Dims every combination of those points (a grid). The loss of a
+config at a size is its time over the fastest there, minus one; a dropped candidate's loss is
+its time when dropped.
 
 The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
 the band of the smallest) go to the default config, else the first in space order
 (`ctbuild.tune.choice`). Where even that worst loss exceeds the band, the bucket is split along
-the Dim whose sizes carry the loss (`Span.split`): from the top down, each sub-bucket takes the
-smaller sizes while one config stays within the band over all of them, at most
-`DEFAULT_SPLITS` times along each Dim by default. A sub-bucket's upper corner is its split point
+the Dim that leaves the least loss (`Span.split`): from the top down, each sub-bucket takes the
+smaller sizes while one config (or one per layout class) stays within the band over all of
+them, at most `DEFAULT_SPLITS` times along each Dim by default; each sub-bucket that still
+loses more is split again along another Dim. A sub-bucket's upper corner is its split point
 (`ctbuild.bucket_map`); its winner is recorded under the point's own tuning key, from the times
 already measured: nothing is measured twice.
 """
@@ -213,10 +215,10 @@ class Span:
         its sizes come in several layout classes (`ctbuild.bucket_map.layout_class`: a size
         divisible by 16 runs another CUBIN than one that is not, and a tile may fit one and
         not the other) and that leaves less loss; the group's winner is then the one of its
-        split point's class (the bucket's top's). Only for a whole bucket it serves within
-        the band, or after the split: a class's winner is chosen on fewer sizes than the
-        group's (measured: splitting by class first served the sizes between the raced ones
-        worse, `bucket_regret.py --measure`)."""
+        split point's class (the bucket's top's). For a whole bucket only where that serves it
+        within the band, else for each part of a split: a class's winner is chosen on fewer
+        sizes than the group's (measured: splitting by class first served the sizes between
+        the raced ones worse, `bucket_regret.py --measure`)."""
         kinds = self._kinds(group.members)
         if group.worst_pct * 100 <= band.percent or len(kinds) < 2:
             return group
@@ -312,11 +314,12 @@ class Span:
     def _runs(self, line: list[int], name: str, band: TieBand, limit: int
               ) -> tuple[list[list[int]], bool]:
         """``line`` cut into runs from the top down: each run takes smaller sizes while one
-        config stays within the band over all of them and the sizes off the line whose
-        ``name`` falls in the run's range (the corner, the middle: served by the same
-        sub-bucket); past ``limit + 1`` runs the lowest merge. Also: whether they merged.
-        (Cutting where the least loss is left over the raced sizes instead fits those sizes
-        and serves the sizes between them worse: `benchmarks/bucket_regret.py --measure`.)"""
+        config (or one per layout class, `_served`) stays within the band over all of them and
+        the sizes off the line whose ``name`` falls in the run's range (the grid's, or the
+        corner and middle: served by the same sub-bucket); past ``limit + 1`` runs the
+        lowest merge. Also: whether they merged. (Cutting where the least loss is left over
+        the raced sizes instead fits those sizes and serves the sizes between them worse:
+        `benchmarks/bucket_regret.py --measure`.)"""
         off = [i for i in range(len(self.sizes)) if i not in line]
 
         def held(lo: int, hi: int) -> list[int]:
@@ -327,8 +330,7 @@ class Span:
         hi = len(line) - 1
         while hi >= 0:
             lo = hi
-            while lo > 0 and min(self.worst(held(lo - 1, hi)).values(),
-                                 default=1.0) * 100 <= band.percent:
+            while lo > 0 and self._served(held(lo - 1, hi), band):
                 lo -= 1
             runs.insert(0, line[lo:hi + 1])
             hi = lo - 1
@@ -339,8 +341,8 @@ class Span:
     def _groups(self, runs: list[list[int]], name: str, order: Sequence[Config],
                 default: Config | None, band: TieBand) -> list[Group]:
         """The runs as groups, smallest first: each run's split point is its largest size
-        along ``name`` (the other Dims at their upper bound); a size off the line (the
-        corner, the middle, the other Dims' sizes) joins the group whose range along ``name``
+        along ``name`` (the other Dims at this span's top); a size off the line (the grid's,
+        or the corner and middle) joins the group whose range along ``name``
         holds it; runs with the same winner merge, unless one is served within the band and
         the merged group would not be (it stays apart: `_nest` may split the other along
         another Dim)."""
@@ -364,7 +366,17 @@ class Span:
             group.point = {**top, name: b}
             groups.append(group)
         groups[-1].point = None
-        return groups
+        return [self._by_layout(g, order, default, band) for g in groups]
+
+    def _served(self, members: list[int], band: TieBand) -> bool:
+        """Whether one config serves ``members`` within the band, or one per layout class
+        where each class has two sizes at least (a winner chosen at one size of its class
+        served the sizes between worse: `benchmarks/bucket_regret.py --measure`)."""
+        kinds = self._kinds(members)
+        if not kinds or min(map(len, kinds.values())) < 2:
+            kinds = {"": members}
+        return all(min(self.worst(m).values(), default=1.0) * 100 <= band.percent
+                   for m in kinds.values())
 
     def regret_json(self, group: Group, bucket: dict[str, int], unsplit: str | None = None
                     ) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from ctbuild.bucket_map import layout_class
 from ctbuild.dims import Dim, buckets
 from ctbuild.space import Config
 from ctbuild.specs import Tensor, Workload
@@ -170,12 +171,13 @@ def test_span_sizes_lower_bound_powers_of_two_and_one_above_and_midpoints():
     assert {"A": 1, "B": 1, "C": 1} in span_sizes(b3)
 
 
-def _span(bucket, rows: dict[str, dict[int, float]]) -> Span:
-    """A span of ``bucket`` with times per size (its key) and TILE config."""
+def _span(bucket, rows: dict[str, dict[int, float]], classes: bool = False) -> Span:
+    """A span of ``bucket`` with times per size (its key) and TILE config (``classes``: and
+    the sizes' layout classes, as `measure_span` gives them)."""
     sizes = [dict(x.split("=") for x in k.split(",")) for k in rows]
     sizes = [{n: int(v) for n, v in s.items()} for s in sizes]
     times = [{cfg(t): Timing(cfg(t), us, 0.0, 5) for t, us in r.items()} for r in rows.values()]
-    return Span(bucket, sizes, times)
+    return Span(bucket, sizes, times, classes=[layout_class(x) for x in sizes] if classes else [])
 
 
 def test_a_span_picks_the_smallest_worst_loss_and_splits_along_the_lossy_dim():
@@ -389,3 +391,31 @@ def test_a_span_race_of_a_tiny_kernel_stops_once_timed_to_its_floor():
     rounds, stopped, calls = run(dataclasses.replace(SPAN_BUDGET, max_seconds=60))
     assert stopped == "precise" and rounds < SPAN_BUDGET.max_rounds
     assert calls == 3 * (1 + 3) + 3 * 3 * (rounds - 1)
+
+
+def test_a_split_counts_a_winner_per_layout_class_only_where_each_class_has_two_sizes():
+    """From S=512 up, multiples of 16 want TILE=64 and the other sizes 128 (30% apart); below,
+    256 serves every size. Over B in {16, 32}, each class has two sizes in the top part: one
+    sub-bucket holds all of S >= 512, served by class. Over one Dim the top part grows from
+    the upper bound, whose class has one size: a class's winner would rest on it alone, so the
+    class does not count and the sizes are split apart instead."""
+    by_s = {16: "low", 17: "low", 64: "low", 65: "low", 512: "aligned", 513: "other",
+            1023: "other", 1024: "aligned"}
+    times = {"aligned": {64: 10, 128: 13, 256: 13}, "other": {64: 13, 128: 10, 256: 13},
+             "low": {64: 13, 128: 13, 256: 10}}
+    order = [cfg(64), cfg(128), cfg(256)]
+    two = Workload({"X": Tensor((Dim("B", 16, 32, buckets=[32]),
+                                 Dim("S", 1, 1024, buckets=[1024])), "float16")})
+    [b] = buckets(two)
+    rows = {f"B={x},S={y}": times[k] for x in (16, 32) for y, k in by_s.items()}
+    rows["B=32,S=1024"] = rows.pop("B=32,S=1024")                     # the top last
+    groups, why = _span(b, rows, classes=True).split(order, None, TieBand(2.0), limit=3)
+    assert [(g.winner, g.point, g.worst_pct) for g in groups] == [
+        (cfg(256), {"B": 32, "S": 65}, 0.0), (cfg(64), None, 0.0)] and why is None
+    assert groups[-1].by_class == {"B:16,S:16": cfg(64), "B:16,S:n": cfg(128)}
+    one = Workload({"X": Tensor((Dim("M", 1, 1024, buckets=[1024]),), "float16")})
+    [b] = buckets(one)
+    groups, _ = _span(b, {f"M={y}": times[k] for y, k in by_s.items()}, classes=True).split(
+        order, None, TieBand(2.0), limit=3)
+    assert [g.point for g in groups] == [{"M": 65}, {"M": 512}, {"M": 1023}, None]
+    assert [g.winner for g in groups] == [cfg(256), cfg(64), cfg(128), cfg(64)]
