@@ -419,3 +419,31 @@ def test_a_split_counts_a_winner_per_layout_class_only_where_each_class_has_two_
         order, None, TieBand(2.0), limit=3)
     assert [g.point for g in groups] == [{"M": 65}, {"M": 512}, {"M": 1023}, None]
     assert [g.winner for g in groups] == [cfg(256), cfg(64), cfg(128), cfg(64)]
+
+
+@pytest.mark.parametrize("seed", range(0, 80, 8))
+def test_every_raced_size_is_served_by_the_part_that_chose_with_it(seed):
+    """Random times on the sizes of random buckets over one to three Dims, with and without
+    layout classes, at every split limit: the split points stay within what a record may hold,
+    the bucket map reads them, and the runtime's first matching point sends every raced size
+    to the part whose winner was chosen with it."""
+    from ctbuild.bucket_map import MAX_POINTS, read_splits, split_for
+    for rng in (random.Random(seed + k) for k in range(8)):
+        his = [rng.choice([16, 64, 1024, 4096]) for _ in range(rng.choice([1, 2, 2, 3]))]
+        w = Workload({"X": Tensor(tuple(Dim(n, 1, h, buckets=[h] if rng.random() < .6 else None)
+                                        for n, h in zip("ABC", his)), "float16")})
+        b = list(buckets(w))[-1]
+        sizes = [*span_sizes(b), dict(b.sizes)]
+        configs = [cfg(t) for t in (16, 32, 64, 128)]
+        span = Span(b, sizes, [{c: Timing(c, rng.uniform(1, 1.6), 0.0, 5) for c in configs}
+                               for _ in sizes],
+                    classes=[layout_class(s) for s in sizes] if rng.random() < .5 else [])
+        groups, _ = span.split(configs, None, TieBand(2.0), rng.choice([1, 2, 3, 4]))
+        points = [g.point for g in groups[:-1]]
+        assert groups[-1].point is None and len(points) <= MAX_POINTS
+        splits = read_splits({"splits": [{"sizes": p} for p in points]}, b)
+        assert sorted(i for g in groups for i in g.members) == list(range(len(sizes)))
+        for g in groups:
+            for i in g.members:
+                served = split_for(splits, sizes[i])
+                assert (served.sizes if served else None) == g.point, (his, sizes[i])
