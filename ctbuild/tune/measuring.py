@@ -196,9 +196,9 @@ def own_size_times(screened: Sequence[Timing], decision: Decision) -> dict[Confi
     return out
 
 
-#: At a size between a bucket's bounds, a candidate more than this much slower than the
-#: fastest at every size raced before it is not raced there: it cannot serve it (each
-#: bound races every candidate, and a config's speed changes by little between sizes).
+#: At a size that is not a corner of its bucket, a candidate more than this much slower than
+#: the fastest at every size raced before it is not raced there: it cannot serve it (each
+#: corner races every candidate, and a config's speed changes by little between sizes).
 PRUNE_FACTOR = 1.3
 
 
@@ -207,18 +207,18 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
                  keep: Sequence[Config] = ()) -> tuple[Span, list[dict[str, Any]]]:
     """Race ``contenders`` at each of the bucket's other sizes, the corners first (each Dim at
     its lower or upper bound): (the span, the candidates that failed at a size: failures of
-    the key, naming the size). Any other size races only the candidates within `PRUNE_FACTOR` of the fastest
-    at some size raced before it, and ``keep`` (the key's winner and default: every size
-    times them, so some config is timed at all)."""
+    the key, naming the size). Any other size races only the candidates within
+    `PRUNE_FACTOR` of the fastest at some size raced before it, and ``keep`` (the key's
+    winner and default: every size times them, so some config is timed at all)."""
     sizes = span_sizes(bucket)
     low, high = bucket.lower_bounds(), dict(bucket.sizes)
-    bounds = [i for i, s in enumerate(sizes) if all(s[n] in (low[n], high[n]) for n in s)]
+    corners = [i for i, s in enumerate(sizes) if all(s[n] in (low[n], high[n]) for n in s)]
     times: dict[int, dict[Config, Timing]] = {}
     races: dict[int, dict[str, Any]] = {}
     problems, failures = [], []
     near = _near(top)
-    for i in [*bounds, *(i for i in range(len(sizes)) if i not in bounds)]:
-        raced = [c for c in contenders if i in bounds or c in near or c in keep]
+    for i in [*corners, *(i for i in range(len(sizes)) if i not in corners)]:
+        raced = [c for c in contenders if i in corners or c in near or c in keep]
         started = time.perf_counter()
         result = race(raced, timer_for(concretize(bucket.declared, sizes[i])), band,
                       SPAN_BUDGET) if len(raced) > 1 else None

@@ -191,9 +191,9 @@ class Span:
         serves the whole bucket within the band, it is not split (`_by_layout`); else a group
         of the split that still loses more than the band gets them where that helps;
         ``limit`` 0 (``--no-refine``) allows neither. The split along the Dim that leaves
-        the least loss (`_score`), at most ``limit`` times along each Dim; where the top group
-        still loses more than the band, it is split again along another Dim (its points come
-        after the first split's: the runtime serves a size by the first point that holds
+        the least loss (`_score`), at most ``limit`` times along each Dim; each group that
+        still loses more than the band is split again along another Dim (`_nest`: its points
+        come before its corner's, as the runtime serves a size by the first point that holds
         it). ``refuse(points)``: why a split at these points cannot be recorded (None: it
         can); a refused split leaves the bucket whole, for that reason."""
         everything = list(range(len(self.sizes)))
@@ -342,10 +342,9 @@ class Span:
                 default: Config | None, band: TieBand) -> list[Group]:
         """The runs as groups, smallest first: each run's split point is its largest size
         along ``name`` (the other Dims at this span's top); a size off the line (the grid's,
-        or the corner and middle) joins the group whose range along ``name``
-        holds it; runs with the same winner merge, unless one is served within the band and
-        the merged group would not be (it stays apart: `_nest` may split the other along
-        another Dim)."""
+        or the corner and middle) joins the group whose range along ``name`` holds it; runs
+        with the same winner merge, unless one is served within the band and the merged group
+        would not be (it stays apart: `_nest` may split the other along another Dim)."""
         top = self.sizes[self.top]
         bounds = [max(self.sizes[i][name] for i in r) for r in runs]
         members = [list(r) for r in runs]
