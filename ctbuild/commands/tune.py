@@ -95,9 +95,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
                         "wins (default: 2; between 0 and 50)")
     p.add_argument("--gpus", metavar="LIST",
                    help="measure on these GPUs of this node, 'all' or indices such as 0,1: one "
-                        "measuring process each, the keys split longest first, then every key's "
-                        "finalists re-measured on every GPU and the winner decided on the "
-                        "median across them (default: the current GPU)")
+                        "measuring process each, each taking the next key (longest first) when "
+                        "it is free; a key whose winner is not decided is re-measured on every "
+                        "GPU and decided on the median across them (default: the current GPU)")
     p.add_argument("--verify", action="store_true",
                    help="re-measure the recorded winners against their ties and finalists on "
                         "this GPU and report drift; rewrites nothing")
@@ -164,13 +164,7 @@ def _line(s: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctbuild.cache import Store
-
-    from ..toolchain import toolchain_for
-    from ..tune.fleet import FleetRun, GpuListError
-    from ..tune.recorded import recorded_workloads
-    from ..tune.session import entries_for, tune_entries
-    from ..tune.tuner import current_device
+    from ..tune.warm import WarmLanes
 
     if problem := report_problem(args.report):
         return fail(problem)
@@ -179,10 +173,30 @@ def run(args: argparse.Namespace) -> int:
     only = [n for item in args.kernel for n in item.split(",") if n]
     if problem := selection_problem(args, kernels, only):
         return fail(problem)
+    if args.gpus is not None and args.no_isolate:
+        return fail("--gpus runs one measuring process per GPU: drop --no-isolate")
+    # the measuring processes import torch and make their CUDA contexts while this one does
+    warm = None if args.verify or args.no_isolate else WarmLanes.for_gpus(args.gpus)
+    try:
+        return tune_project(args, project, kernels, only, warm)
+    finally:
+        if warm is not None:
+            warm.close()
+
+
+def tune_project(args: argparse.Namespace, project: Any, kernels: list, only: list[str],
+                 warm: Any) -> int:
+    """`run` once the arguments are checked and the ``warm`` lanes started."""
+    from ctbuild.cache import Store
+
+    from ..toolchain import toolchain_for
+    from ..tune.fleet import FleetRun, GpuListError
+    from ..tune.recorded import recorded_workloads
+    from ..tune.session import entries_for, tune_entries
+    from ..tune.tuner import current_device
+
     gpus = None
     if args.gpus is not None:
-        if args.no_isolate:
-            return fail("--gpus runs one measuring process per GPU: drop --no-isolate")
         try:
             gpus = gpus_of(args.gpus)
         except GpuListError as exc:
@@ -216,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         run_on = FleetRun(str(project.path.resolve()) if project.path else None,
                           str(project.cache_dir), opts, gpus or [device.index], only,
-                          pin=gpus is not None)
+                          pin=gpus is not None, warm=warm)
         summaries, fleet = gated(run_on, check, entries, store, device, fp, emit)
         if len(run_on.gpus) > 1 and not quiet:
             _print_fleet(summaries, fleet)

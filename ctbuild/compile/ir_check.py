@@ -12,7 +12,7 @@ modules changed since the last check.
 Cost: ~10 ms of front end per entry, spread over helper processes (`ir_derive`). A check is
 remembered (``ctbuild-ir-checked.json`` in the cache directory) per project, under a digest of
 the state the front end reads: every project module's source file (by location, as the
-fingerprint tells a project module from a library), the installed distributions, the
+fingerprint tells a project module from a library; not the program's entry point), the installed distributions, the
 toolchain and ctbuild's version. While that state holds, an entry verified (or compiled) with
 the same recorded digest is not derived again; any edit to a project file derives every
 entry again, whatever the fingerprint says. A kernel whose identity rests on its TileIR
@@ -49,6 +49,8 @@ MEMO_FORMAT = 1
 MEMO_MAX_BYTES = 64 << 20
 #: Projects one cache remembers checks for (the least recently checked are dropped).
 MEMO_PROJECTS = 16
+#: The names a running program's entry point has in ``sys.modules``.
+ENTRY_POINTS = ("__main__", "__mp_main__")
 
 
 @dataclass
@@ -96,13 +98,24 @@ class IrCheck:
         return lines
 
 
-def source_state(toolchain_fp: str) -> tuple[str, dict[str, str]]:
+def source_state(toolchain_fp: str, declared: Sequence[str] = ()) -> tuple[str, dict[str, str]]:
     """(digest of what the front end reads besides the kernel fingerprint, per-module digests):
-    the source of every loaded project module, the installed distributions, the toolchain."""
+    the source of every loaded project module, the installed distributions, the toolchain.
+
+    Not the entry point (``__main__``, and ``__mp_main__``, multiprocessing's name for it),
+    unless the project ``declared`` it: a project's kernels come from its declared modules,
+    and counting the entry point made every check started another way (``ctbuild tune``
+    after a ``precompile`` whose local farm adds ``__mp_main__``, a script) derive every
+    entry again. Nor a module whose file is a bare name with no import spec (``torch.ops``):
+    no file of the project's."""
     modules: dict[str, str] = {}
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if not file or not is_project_module(module):
+            continue
+        if name in ENTRY_POINTS and name not in declared:
+            continue
+        if getattr(module, "__spec__", None) is None and not os.path.isabs(file):
             continue
         try:
             modules[name] = xxhash.xxh3_128_hexdigest(Path(file).read_bytes())
@@ -183,7 +196,7 @@ class IrGuard:
                            bytecode_version)
         project = xxhash.xxh3_128_hexdigest(json.dumps(sorted(modules)).encode())
         self.memo = Memo(cache_dir, project)
-        self.state, self.modules = source_state(toolchain_fp)
+        self.state, self.modules = source_state(toolchain_fp, modules)
         self.verified = self.memo.verified(self.state)
         self.marked = _marked()
 

@@ -1,11 +1,12 @@
 """``ctbuild tune --gpus``: one measuring process per GPU, one winner for the fleet.
 
-1. **Lanes**: the kernel x workload entries are split across the GPUs, longest first by cost
-   (the seconds a key's last record took, else an estimate: candidates times the bytes they
-   move, times the sizes a `Dim` bucket is raced at), each to the GPU with the least work so
-   far; every GPU tunes its share in its own supervised process (`session.run_isolated`,
-   ``CUDA_VISIBLE_DEVICES`` set to that GPU). An entry whose process died with no candidate to
-   blame goes to the next GPU.
+1. **Lanes**: every GPU tunes in its own supervised process (`supervisor.run_isolated`,
+   ``CUDA_VISIBLE_DEVICES`` set to that GPU), taking the kernel x workload entries longest
+   first by cost (the seconds a key's last record took, else an estimate: candidates times
+   the bytes they move, times the sizes a `Dim` bucket is raced at), each entry to the first
+   lane free to claim it (`ctbuild.tune.claims`): no share is fixed by estimates, so no lane
+   idles while another still has keys. An entry whose process died with no candidate to blame
+   goes to the next GPU.
 2. **Finals**, with more than one GPU, only for the keys whose winner is not decided: their
    race at their own size ended on its budget with a finalist at the band's edge. Every lane's
    process, its own keys done, waits (`ctbuild.tune.gate`) until all are, then re-measures
@@ -22,7 +23,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import math
-import os
 import statistics
 import tempfile
 import threading
@@ -36,11 +36,14 @@ from ..compile.plan import job_for
 from ..records import TuningRecord, stored_tuning
 from ..space import Config
 from .choice import RULE_SPAN, TieBand, Timing, choose
+from .claims import Claims
 from .gate import Gate
-from .session import Entry, TuneOptions, run_isolated
+from .session import Entry, TuneOptions
 from .span import span_sizes
+from .supervisor import run_isolated
 from .tuner import record_key
 from .verify import contenders
+from .warm import WarmLanes, lane_env
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store
@@ -97,18 +100,12 @@ def estimated_work(entry: Entry, arch: str, cap: int, store: Store | None = None
     return ESTIMATE_SECONDS * n * math.log2(2 + volume) * sizes
 
 
-def split(entries: Sequence[Entry], lanes: int, work: Callable[[Entry], float]
-          ) -> list[list[Entry]]:
-    """Longest first, each entry to the lane with the least work so far (``work`` asked once
-    an entry: it may read the entry's record)."""
-    shares: list[list[Entry]] = [[] for _ in range(lanes)]
-    load = [0.0] * lanes
-    costs = sorted(((work(e), e) for e in entries), key=lambda ce: ce[0], reverse=True)
-    for cost, e in costs:
-        i = min(range(lanes), key=lambda j: (load[j], j))
-        shares[i].append(e)
-        load[i] += cost
-    return shares
+def longest_first(entries: Sequence[Entry], work: Callable[[Entry], float]) -> list[Entry]:
+    """The order the lanes claim entries in: the most work first (``work`` asked once an
+    entry: it may read the entry's record), so the last keys taken are short ones."""
+    costs = [work(e) for e in entries]
+    return [e for _, _, e in sorted(zip(costs, range(len(costs)), entries),
+                                    key=lambda c: (-c[0], c[1]))]
 
 
 @dataclass
@@ -124,33 +121,35 @@ class FleetRun:
     pin: bool = True
     #: where the first lanes wait for the identity check (`ctbuild.tune.gate`; None: none)
     gate: Gate | None = None
+    #: the processes started for the lanes before the plan (`ctbuild.tune.warm`)
+    warm: WarmLanes | None = None
 
     def env(self, i: int) -> dict[str, str] | None:
-        """The lane's ``CUDA_VISIBLE_DEVICES``: its GPU, through this process's own list."""
-        if not self.pin:
-            return None
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = [v.strip() for v in visible.split(",")] if visible else None
-        return {"CUDA_VISIBLE_DEVICES": ids[self.gpus[i]] if ids else str(self.gpus[i])}
+        """The lane's ``CUDA_VISIBLE_DEVICES`` (`lane_env`; None: the current GPU's)."""
+        return lane_env(self.gpus[i]) if self.pin else None
 
     def lane(self, i: int, entries: Sequence[Entry],
              emit: Callable[[dict[str, Any]], None] | None = None,
-             finals: Finals | None = None) -> list[dict[str, Any]]:
+             finals: Finals | None = None, claims: Path | None = None
+             ) -> list[dict[str, Any]]:
         """Run ``entries`` in a supervised process on GPU ``gpus[i]`` (which then waits for
-        the ``finals``, where given)."""
+        the ``finals``, where given); with ``claims``, those of them it claims first."""
         return run_isolated(self.config_path, self.cache_dir, entries, self.opts,
                             only=self.only, emit=emit, env=self.env(i), gate=self.gate,
                             finals=finals.gate if finals else None,
-                            on_event=finals.seen(i) if finals else None)
+                            on_event=finals.seen(i) if finals else None,
+                            claims=Claims(claims, i) if claims else None,
+                            warm=self.warm.take(self.env(i)) if self.warm else None)
 
     def each_lane(self, shares: Sequence[Sequence[Entry]],
                   emit: Callable[[dict[str, Any]], None] | None = None,
                   finals: Finals | None = None,
-                  between: Callable[[list[concurrent.futures.Future]], None] | None = None
-                  ) -> list[list[dict[str, Any]]]:
-        """Each share on its GPU at once; ``between(futures)`` runs while they do."""
+                  between: Callable[[list[concurrent.futures.Future]], None] | None = None,
+                  claims: Path | None = None) -> list[list[dict[str, Any]]]:
+        """Each share on its GPU at once (with ``claims``, the entries each lane claimed of
+        its share); ``between(futures)`` runs while they do."""
         with concurrent.futures.ThreadPoolExecutor(len(self.gpus)) as pool:
-            futures = [pool.submit(self.lane, i, share, emit, finals)
+            futures = [pool.submit(self.lane, i, share, emit, finals, claims)
                        for i, share in enumerate(shares) if share]
             if between is not None:
                 between(futures)
@@ -214,15 +213,17 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
     with several lanes, the finals in the same processes: every lane re-measures the keys
     still `undecided` and the fleet's median decides. (final summaries in entry order, fleet
     report)."""
-    shares = split(entries, len(run.gpus), lambda e: estimated_work(
-        e, device.arch, run.opts.cap, store, device, fp))
+    many = len(run.gpus) > 1
+    order = longest_first(entries, lambda e: estimated_work(
+        e, device.arch, run.opts.cap, store, device, fp)) if many else list(entries)
+    shares = [order] * len(run.gpus)
     results: dict[int, dict[str, Any]] = {}
 
     def keep(s: dict[str, Any]) -> None:
         results[s["entry"]] = s
         if emit:
             emit(s)
-    lanes = [i for i, share in enumerate(shares) if share]
+    lanes = list(range(len(shares))) if entries else []
 
     def finals_of() -> dict[int, list[dict[str, Any]]]:
         if any(lost(s) for s in results.values()):  # moved first; those keys are not re-run
@@ -231,10 +232,14 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
                    if results.get(e.index, {}).get("status") == "tuned"}
         return {i: contenders(rec) for i, rec in records.items() if undecided(rec)}
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ctbuild-finals-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ctbuild-fleet-") as tmp:
         fin = Finals(Gate(Path(tmp) / "finals"), len(lanes)) if len(lanes) > 1 else None
+        claims = Path(tmp) / "claims" if many else None
+        if claims:
+            claims.mkdir()
         screened = run.each_lane(shares, emit=keep, finals=fin, between=None if fin is None
-                                 else lambda futures: fin.run(futures, finals_of))
+                                 else lambda futures: fin.run(futures, finals_of),
+                                 claims=claims)
     wall = time.perf_counter() - start
     retry = [e for e in entries if e.index in results and lost(results[e.index])]
     moved = []

@@ -1,7 +1,5 @@
-"""``ctbuild tune``'s loop over kernels x workloads, optionally supervised in a child process.
-
-`run_isolated` runs the loop in a child so that a candidate that breaks its CUDA context costs
-only that kernel x workload's measurement, which is retried without the culprit.
+"""``ctbuild tune``'s loop over kernels x workloads, and the child process that runs it under a
+supervisor (`ctbuild.tune.supervisor`; ``python -m ctbuild.tune.session SPEC``).
 """
 from __future__ import annotations
 
@@ -9,11 +7,8 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +22,12 @@ from ..records import TuningRecord, stored_tuning
 from ..specs import Workload, describe
 from ..toolchain import toolchain_for
 from .choice import DEFAULT_BAND_PERCENT, TieBand
+from .claims import Claims
 from .gate import Gate
-from .race import SPAN_BUDGET
 from .recorded import recorded_workloads
 from .span import DEFAULT_SPLITS
 from .tuner import Device, TuneSettings, context_ok, current_device, record_key, tune_workload
+from .warm import wait_for_spec
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store
@@ -111,42 +107,35 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
                  exclude: Mapping[int, Mapping[str, str]] | None = None,
                  emit: Callable[[dict[str, Any]], None] | None = None,
                  on_event: Callable[[dict[str, Any]], None] | None = None,
-                 isolated: bool = False, **workload_kwargs: Any) -> list[dict[str, Any]]:
+                 isolated: bool = False, claims: Claims | None = None,
+                 **workload_kwargs: Any) -> list[dict[str, Any]]:
     """Tune entries in this process, one after another; ``emit`` gets each summary as done.
-
-    Compiles for every entry's missing candidates are submitted up front (``--compile-missing``)
-    so that the pool works ahead while the GPU measures.
+    With ``claims`` (a lane of several GPUs), only the entries this lane claims as it reaches
+    them (`ctbuild.tune.claims`).
     """
     device = device or current_device()
     fp = toolchain_fp or toolchain_for(store)
     out: list[dict[str, Any]] = []
-    todo: list[tuple[Entry, TuningRecord | None]] = []
-    for e in entries:
-        rkey = record_key(e.kernel, e.workload, device, fp)
-        existing = None if opts.retune else stored_tuning(store, rkey)
-        if existing is None:
-            todo.append((e, existing))
-            continue
-        s = summarize(e, "skipped", existing, rkey, "already tuned (use --retune)")
-        out.append(s)
-        if emit:
-            emit(s)
-    pool = None
-    if opts.compile_missing and todo:
-        pool = CompilePool(store, workers=opts.workers, paths=opts.paths)
-        for e, existing in todo:
-            with contextlib.suppress(Exception):
-                for cfg in [] if existing else e.kernel.candidates(
-                        e.workload, Arch(device.arch), opts.cap).kept:
-                    pool.submit(job_for(e.kernel, cfg, e.workload, device.arch, fp))
+    ahead = _CompileAhead(store, opts, device, fp)
+
+    def existing(e: Entry) -> TuningRecord | None:
+        return None if opts.retune else stored_tuning(store, record_key(e.kernel, e.workload,
+                                                                        device, fp))
+    if claims is None and opts.compile_missing:
+        ahead.submit([e for e in entries if existing(e) is None])
     try:
-        for e, existing in todo:
-            if on_event:
+        for e in entries:
+            if claims is not None and not claims.take(e.index):
+                continue
+            found = existing(e)
+            if found is None and claims is not None:
+                ahead.submit([e])
+            if on_event and found is None:
                 on_event({"event": "start", "entry": e.index})
             cb = (lambda cfg, _i=e.index: on_event({"event": "candidate", "entry": _i,
                                                     "config": cfg.to_json()})) \
                 if on_event else None
-            s = _tune_one(e, existing, store, opts, device, fp, pool,
+            s = _tune_one(e, found, store, opts, device, fp, ahead.pool,
                           (exclude or {}).get(e.index), cb, workload_kwargs)
             if isolated and not context_ok():
                 # The CUDA context is broken: leave, unreported, so the supervisor restarts
@@ -158,9 +147,33 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
             if emit:
                 emit(s)
     finally:
-        if pool is not None:
-            pool.close()
+        ahead.close()
     return out
+
+
+class _CompileAhead:
+    """``--compile-missing``: a local pool compiling entries' missing candidates while the GPU
+    measures, started with the first entry submitted. A single process submits every entry up
+    front; a lane of several GPUs each entry as it claims it (the others are other lanes')."""
+
+    def __init__(self, store: Store, opts: TuneOptions, device: Device, fp: str) -> None:
+        self.store, self.opts, self.device, self.fp = store, opts, device, fp
+        self.pool: CompilePool | None = None
+
+    def submit(self, entries: Sequence[Entry]) -> None:
+        if not self.opts.compile_missing or not entries:
+            return
+        self.pool = self.pool or CompilePool(self.store, workers=self.opts.workers,
+                                             paths=self.opts.paths)
+        arch = self.device.arch
+        for e in entries:
+            with contextlib.suppress(Exception):
+                for cfg in e.kernel.candidates(e.workload, Arch(arch), self.opts.cap).kept:
+                    self.pool.submit(job_for(e.kernel, cfg, e.workload, arch, self.fp))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
 
 def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneOptions,
@@ -186,146 +199,6 @@ def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneO
         return s
 
 
-# ---- supervision: a child process per run, restarted without the culprit -------------------
-def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entry],
-                 opts: TuneOptions, *, only: Sequence[str] = (), entry_timeout_s: float | None = None,
-                 max_restarts: int = 8,
-                 emit: Callable[[dict[str, Any]], None] | None = None,
-                 env: Mapping[str, str] | None = None, gate: Gate | None = None,
-                 finals: Gate | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None
-                 ) -> list[dict[str, Any]]:
-    """Run `tune_entries` in a child process with ``env`` added to its environment; if it dies
-    (a fault that escaped cuTile's benchmark subprocess) or stalls, restart it on the remaining
-    entries, excluding the candidate that was being measured (recorded as a failure of that
-    entry). With a ``gate``, the child measures once it opens (`ctbuild.tune.gate`); one that
-    says stop leaves the entries untuned. With ``finals``, the child then says ``idle`` and
-    waits there for the fleet's finals (JSON: configs per entry index), runs them
-    (`finals_entries`) and exits; ``on_event`` gets the ``idle`` and ``finals`` events.
-    """
-    run = _Supervision(entries, emit, on_event)
-    per_entry = entry_timeout_s or _entry_budget(opts)
-    with tempfile.TemporaryDirectory(prefix="ctbuild-tune-") as tmp:
-        while run.remaining:
-            events_path = Path(tmp) / f"events-{run.restarts}.jsonl"
-            spec = {"config": config_path, "cache": cache_dir, "entries": run.remaining,
-                    "only": list(only), "exclude": {str(k): v for k, v in run.exclude.items()},
-                    "opts": {**opts.__dict__}, "events": str(events_path),
-                    "gate": str(gate.path) if gate else None,
-                    "finals": str(finals.path) if finals else None}
-            spec_path = Path(tmp) / f"spec-{run.restarts}.json"
-            spec_path.write_text(json.dumps(spec))
-            proc = subprocess.Popen([sys.executable, "-m", "ctbuild.tune.session", str(spec_path)],
-                                    stdout=sys.stderr, env={**os.environ, **(env or {})})
-            watch = run.follow(proc, events_path, per_entry)
-            if not run.remaining or (gate is not None and gate.stopped()):
-                break
-            run.restart(watch, proc.returncode, per_entry, max_restarts)
-    return [run.results[e.index] for e in entries if e.index in run.results]
-
-
-@dataclass
-class _Watch:
-    """What the supervisor saw of one child process: the entry it was tuning (None between
-    entries) and the candidate it last started measuring, from its events; whether it stalled."""
-    current: int | None = None
-    last_cfg: dict[str, Any] | None = None
-    started: float = field(default_factory=time.monotonic)
-    seen: int = 0
-    stalled: bool = False
-
-
-class _Supervision:
-    """The state of one `run_isolated` across the child processes it starts: the summaries so
-    far, the entries left, the candidates excluded per entry and the restarts."""
-
-    def __init__(self, entries: Sequence[Entry],
-                 emit: Callable[[dict[str, Any]], None] | None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.entries = entries
-        self.emit = emit
-        self.on_event = on_event
-        self.results: dict[int, dict[str, Any]] = {}
-        self.exclude: dict[int, dict[str, str]] = {}
-        self.remaining = [e.index for e in entries]
-        self.restarts = 0
-
-    def follow(self, proc: subprocess.Popen, events_path: Path, per_entry: float) -> _Watch:
-        """Read the child's events until it exits, or kill it when one entry takes longer than
-        ``per_entry`` seconds; each finished entry's summary is kept and emitted as it comes."""
-        watch = _Watch()
-        while True:
-            rc = proc.poll()
-            for ev in _read_events(events_path, watch.seen):
-                watch.seen += 1
-                if ev["event"] == "start":
-                    watch.current, watch.last_cfg = ev["entry"], None
-                    watch.started = time.monotonic()
-                elif ev["event"] == "candidate":
-                    watch.last_cfg = ev["config"]
-                elif ev["event"] == "done":
-                    s = ev["summary"]
-                    self.results[ev["entry"]] = s
-                    if ev["entry"] in self.remaining:
-                        self.remaining.remove(ev["entry"])
-                    watch.current = None
-                    if self.emit:
-                        self.emit(s)
-                elif ev["event"] in ("idle", "finals"):
-                    watch.current = None
-                    if self.on_event:
-                        self.on_event(ev)
-            if rc is not None:
-                return watch
-            if watch.current is not None and time.monotonic() - watch.started > per_entry:
-                watch.stalled = True
-                proc.kill()
-                proc.wait()
-                return watch
-            time.sleep(0.2)
-
-    def restart(self, watch: _Watch, returncode: int | None, per_entry: float,
-                max_restarts: int) -> None:
-        """After a child died or stalled: exclude the candidate it was measuring, so the next
-        child tunes that entry without it; with no candidate to blame (or too many restarts),
-        record the entry as failed instead."""
-        self.restarts += 1
-        why = (f"stalled (killed after {per_entry:.0f} s)" if watch.stalled
-               else f"tuning process died (exit {returncode})")
-        culprit = watch.current if watch.current is not None else self.remaining[0]
-        if watch.last_cfg is not None and self.restarts <= max_restarts:
-            key = json.dumps(watch.last_cfg, sort_keys=True)
-            self.exclude.setdefault(culprit, {})[key] = (
-                f"process: {why} while measuring this candidate")
-            return
-        e = next(x for x in self.entries if x.index == culprit)
-        s = summarize(e, "failed", None, "", why)
-        self.results[culprit] = s
-        self.remaining.remove(culprit)
-        if self.emit:
-            self.emit(s)
-
-
-def _entry_budget(opts: TuneOptions) -> float:
-    # exhaustive_search stops measuring a candidate after ~5 s; add warm-ups and compile waits.
-    per_candidate = 6.0 + 2 * (opts.timeout_s or 10.0)
-    return 120.0 + per_candidate * opts.cap + 8 * SPAN_BUDGET.max_seconds + \
-        (600.0 if opts.compile_missing else 0.0)
-
-
-def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    out = []
-    for line in lines[skip:]:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line being written; read it next time
-    return out
-
-
 def _child(spec_path: str) -> int:
     """The supervised tuning process (``python -m ctbuild.tune.session SPEC``)."""
     spec = json.loads(Path(spec_path).read_text())
@@ -340,8 +213,9 @@ def _child(spec_path: str) -> int:
     store = Store(spec["cache"])
     every = entries_for(kernels, spec["only"],
                         recorded_workloads(store, kernels, current_device().arch))
-    wanted = set(spec["entries"])
-    entries = [e for e in every if e.index in wanted]
+    by_index = {e.index: e for e in every}
+    entries = [by_index[i] for i in spec["entries"] if i in by_index]
+    claims = Claims(*spec["claims"]) if spec.get("claims") else None
     opts = TuneOptions(**spec["opts"])
     events = open(spec["events"], "a", buffering=1)
     lock = threading.Lock()
@@ -357,7 +231,7 @@ def _child(spec_path: str) -> int:
     if spec.get("gate") and not Gate(spec["gate"]).wait():
         return 0
     tune_entries(entries, store, opts, exclude={int(k): v for k, v in spec["exclude"].items()},
-                 emit=emit, on_event=write, isolated=True)
+                 emit=emit, on_event=write, isolated=True, claims=claims)
     if spec.get("finals"):
         write({"event": "idle"})
         posted = json.loads(Gate(spec["finals"]).read() or "{}")
@@ -398,4 +272,5 @@ def finals_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions,
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="ctbuild: %(levelname)s: %(message)s")
-    sys.exit(_child(sys.argv[1]))
+    path = wait_for_spec() if sys.argv[1] == "--warm" else sys.argv[1]
+    sys.exit(_child(path) if path else 0)

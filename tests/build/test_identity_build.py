@@ -337,6 +337,45 @@ def test_ir_backstop_rebuilds_and_refuses_an_entry_built_from_other_code(
         assert store.get_compile(stale).meta["tileir"] == entries[stale]["tileir"]
 
 
+#: A check of a build's entries as `ctbuild tune` runs it, started from a script of its own
+#: (another ``__main__`` than the build's), in a process that has used multiprocessing.
+CHECK_FROM_A_SCRIPT = r'''
+import json, multiprocessing, sys
+from ctbuild.arch import Arch
+from ctbuild.compile.ir_check import check_cached
+from ctbuild.compile.plan import make_plan
+from ctbuild.project import load_project
+from ctbuild.cache import Store
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pool.map(abs, [1])
+    project = load_project(sys.argv[1], cache_dir=sys.argv[2])
+    kernels = project.kernels()
+    fp = next(iter(Store(sys.argv[2]).toolchains()))
+    plan = make_plan(kernels, [Arch("sm_90")], fp, project.cap, {})
+    _, report = check_cached(project.cache_dir, project.modules, [str(p) for p in project.paths],
+                             fp, [j.to_json() for j in plan.jobs.values()], 1)
+    print(json.dumps({"derived": report.derived, "remembered": report.remembered,
+                      "relied_on": report.relied_on}))
+'''
+
+
+def test_a_check_started_from_another_entry_point_uses_the_builds_memo(
+        two_builds: dict, tmp_path: Path) -> None:
+    """The entry point is not the project's code: a tune's check (here a script of its own,
+    whose process also used multiprocessing) after a build derives nothing again."""
+    config, cache_b, first = two_builds["b"]
+    cache = tmp_path / "cache"
+    shutil.copytree(cache_b, cache)
+    script = tmp_path / "check_entries.py"
+    script.write_text(CHECK_FROM_A_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(config), str(cache)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got == {"derived": 0, "remembered": first["jobs"], "relied_on": first["jobs"]}
+
+
 def test_ir_check_memo_never_trusts_a_bad_file(tmp_path: Path) -> None:
     """A damaged, foreign or oversized memo is a memo of nothing (every entry is derived
     again), and remembering writes a fresh one; a remembered digest only counts for the
