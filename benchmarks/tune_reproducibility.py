@@ -92,16 +92,21 @@ def _time_in(rec: dict[str, Any], cfg: dict[str, Any], other: dict[str, Any]
 def _span_tie(rec: dict[str, Any], cfg: dict[str, Any], band_pct: float
               ) -> tuple[float, bool] | None:
     """(how much worse ``cfg``'s worst loss over the bucket's sizes is than the winner's, in
-    ``rec``'s data; whether that is within the band), for a bucket record (None: not one)."""
+    ``rec``'s data; whether it is in the record's tie set: the tie rule ties it with the
+    smallest worst loss, within the band or their CIs overlapping where the record has
+    them), for a bucket record (None: not one)."""
     regret = rec.get("regret") or {}
-    worst = {json.dumps(t["config"], sort_keys=True): t["worst_pct"]
+    worst = {json.dumps(t["config"], sort_keys=True): (t["worst_pct"], t.get("ci_pct") or 0.0)
              for t in regret.get("worst") or []}
     own = worst.get(json.dumps(rec["config"], sort_keys=True))
     mine = worst.get(json.dumps(cfg, sort_keys=True))
     if own is None or mine is None:
         return None
-    pct = 100 * ((1 + mine / 100) / (1 + own / 100) - 1)
-    return pct, pct <= band_pct
+    best = min(worst.values())
+    pct = 100 * ((1 + mine[0] / 100) / (1 + own[0] / 100) - 1)
+    tied = 1 + mine[0] / 100 <= (1 + best[0] / 100) * (1 + band_pct / 100) or \
+        mine[0] - mine[1] <= best[0] + best[1]
+    return pct, tied
 
 
 def _fastest_screened(rec: dict[str, Any]) -> str:

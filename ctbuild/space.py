@@ -53,7 +53,9 @@ class Config(Mapping[str, Any]):
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Mapping) and dict(self._values) == dict(other)
+        if isinstance(other, Config):  # the common case, in every dict a tune keys by config
+            return self._hash == other._hash and self._values == other._values
+        return isinstance(other, Mapping) and self._values == dict(other)
 
     def __repr__(self) -> str:
         return "{" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + "}"

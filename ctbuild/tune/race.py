@@ -114,16 +114,22 @@ def round_timings(rounds: Sequence[dict[Config, float]],
         return []
     ref = list(reference) if reference is not None else \
         [c for c in rounds[0] if all(c in r for r in rounds)]
-    means = [math.exp(statistics.fmean(math.log(r[c]) for c in ref)) for r in rounds]
-    scale = math.exp(statistics.fmean(math.log(g) for g in means))
+    means = [math.exp(_mean([math.log(r[c]) for c in ref])) for r in rounds]
+    scale = math.exp(_mean([math.log(g) for g in means]))
     out = []
     for cfg in dict.fromkeys(c for r in rounds for c in r):
         ratios = [r[cfg] / g for r, g in zip(rounds, means) if cfg in r]
-        n = len(ratios)
-        sd = statistics.stdev(ratios) if n > 1 else float("inf")
+        n, mean = len(ratios), _mean(ratios)
+        sd = math.sqrt(math.fsum((x - mean) ** 2 for x in ratios) / (n - 1)) if n > 1 else 0.0
         ci = t_quantile(n - 1) * sd / math.sqrt(n) if n > 1 else float("inf")
-        out.append(Timing(cfg, scale * statistics.fmean(ratios), scale * ci, n))
+        out.append(Timing(cfg, scale * mean, scale * ci, n))
     return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean, in floats: `race` asks for thousands of them a tune, and `statistics`'
+    exact arithmetic cost a quarter of a bucket's race."""
+    return math.fsum(values) / len(values)
 
 
 def surely_slower(t: Timing, fastest: Timing, band: TieBand) -> bool:
@@ -162,19 +168,21 @@ def race(configs: Sequence[Config], sample: Callable[[Config], float], band: Tie
     stopped = "budget: rounds"
     for r in range(budget.max_rounds):
         times = _round(live, r, sample, budget.samples_per_round, failures)
-        rounds = [{c: t for c, t in rd.items() if c in times or c in dropped} for rd in rounds]
+        kept = set(times) | set(dropped)
+        rounds = [{c: t for c, t in rd.items() if c in kept} for rd in rounds]
         if times:
             rounds.append(times)
         if len(live) < 2:
             stopped = "one candidate left"
             break
-        now = [t for t in round_timings(rounds, live) if t.config in live]
+        now = _live(rounds, live)
         dropped += [t.config for t in _dropped(now, band, coarse=len(rounds) == 1)]
-        live = [c for c in live if c not in dropped]
+        gone = set(dropped)
+        live = [c for c in live if c not in gone]
         if len(live) < 2:
             stopped = "one candidate left"
             break
-        now = [t for t in round_timings(rounds, live) if t.config in live]
+        now = _live(rounds, live)
         if len(rounds) >= budget.min_rounds and decided(now, band):
             stopped = "decided"
             break
@@ -187,6 +195,12 @@ def race(configs: Sequence[Config], sample: Callable[[Config], float], band: Tie
     timings = round_timings(rounds, live) if live else []
     return RaceResult(tuple(_finite(t) for t in timings), len(rounds), stopped,
                       tuple(failures), tuple(dropped))
+
+
+def _live(rounds: Sequence[dict[Config, float]], live: Sequence[Config]) -> list[Timing]:
+    """The timings of the candidates still in the race."""
+    alive = set(live)
+    return [t for t in round_timings(rounds, live) if t.config in alive]
 
 
 def _round(live: list[Config], r: int, sample: Callable[[Config], float], samples: int,

@@ -11,7 +11,8 @@ config at a size is its time over the fastest there, minus one; a dropped candid
 its time when dropped.
 
 The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
-the band of the smallest) go to the default config, else the first in space order
+the band of the smallest, or whose CIs overlap its) go to the default config, else the first in
+space order
 (`ctbuild.tune.choice`). Where even that worst loss exceeds the band, the bucket is split along
 the Dim that leaves the least loss (`Span.split`): from the top down, each sub-bucket takes the
 smaller sizes while one config (or one per layout class) stays within the band over all of
@@ -153,8 +154,19 @@ class Span:
 
     def worst(self, members: Sequence[int]) -> dict[Config, float]:
         """Per config timed at every one of ``members``, its worst loss there."""
+        return {c: w for c, (w, _) in self.worst_ci(members).items()}
+
+    def worst_ci(self, members: Sequence[int]) -> dict[Config, tuple[float, float]]:
+        """Per config timed at every one of ``members``: its worst loss there, and that loss's
+        95% CI half-width (its time's and the fastest's there, relative, combined)."""
         common = set.intersection(*(set(self.times[i]) for i in members))
-        return {c: max(self.loss(i, c) for i in members) for c in common}
+        out = {}
+        for c in common:
+            i = max(members, key=lambda m: self.loss(m, c))
+            t, fastest = self.times[i][c], min(self.times[i].values(), key=lambda x: x.mean_us)
+            spread = math.hypot(t.ci_us / t.mean_us, fastest.ci_us / fastest.mean_us)
+            out[c] = (self.loss(i, c), (1 + self.loss(i, c)) * spread)
+        return out
 
     def pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
              band: TieBand) -> Group:
@@ -164,11 +176,13 @@ class Span:
     def _pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
               band: TieBand) -> tuple[Config, float]:
         """(the config with the smallest worst loss over ``members``, by the tie rule applied
-        to worst losses; that loss)."""
-        worst = self.worst(members)
-        scores = [Timing(c, 1 + w, 0.0, 1) for c, w in worst.items()]
-        winner = choose(scores, order, default, TieBand(band.percent, ci_overlap=False)).winner
-        return winner.config, worst[winner.config]
+        to worst losses and their CIs, as to times at one size; that loss). A worst loss is a
+        maximum over sizes each timed with noise: two tunes that rank configs by it alone
+        disagree wherever two of them are a CI apart beyond the band."""
+        worst = self.worst_ci(members)
+        scores = [Timing(c, 1 + w, ci, 1) for c, (w, ci) in worst.items()]
+        winner = choose(scores, order, default, band).winner
+        return winner.config, worst[winner.config][0]
 
     def lines(self) -> dict[str, list[int]]:
         """Per Dim the sizes along it (the other Dims at their upper bound), smallest first,
@@ -397,11 +411,12 @@ class Span:
                          "layout_class": self.cls(i) or None,
                          **({"served": served.to_json()} if served != group.winner else {}),
                          **(self.races[i] if i < len(self.races) else {})})
-        worst = sorted(((w, c.to_json()) for c, w in self.worst(group.members).items()),
-                       key=lambda wc: wc[0])
+        worst = sorted(((w, ci, c.to_json()) for c, (w, ci) in
+                        self.worst_ci(group.members).items()), key=lambda wc: wc[0])
         return {"bucket": bucket, "lower": self.bucket.lower_bounds(), "sizes": rows,
                 "max_pct": max((r["regret_pct"] for r in rows), default=None),
-                "worst": [{"config": c, "worst_pct": round(100 * w, 3)} for w, c in worst],
+                "worst": [{"config": c, "worst_pct": round(100 * w, 3),
+                           "ci_pct": round(100 * ci, 3)} for w, ci, c in worst],
                 "worst_pct": round(100 * group.worst_pct, 3), "unsplit": unsplit,
                 "problems": list(self.problems)}
 
