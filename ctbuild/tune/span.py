@@ -4,9 +4,10 @@ A bucket serves every size from its lower bound to its upper bound with one conf
 own size (the upper bound) is screened and raced (`ctbuild.tune.race`); then every screened
 candidate races again at the other sizes `span_sizes` names: along each Dim its lower bound,
 powers of two in between and the size one above each (where a power-of-two tile goes from
-filled exactly to almost half empty), geometric midpoints, and below the upper bound the
-midpoint of a wide gap and the size one below a bound that is a multiple of 16 (another
-layout class); with several Dims every combination of those points (a grid). The loss of a
+filled exactly to almost half empty), geometric midpoints (on multiples of 16, the other layout
+class), and below the upper bound the midpoint of a wide gap and the size one below a bound
+that is a multiple of 16 (another layout class); with several Dims every combination of those
+points (a grid). The loss of a
 config at a size is its time over the fastest there, minus one; a dropped candidate's loss is
 its time when dropped.
 
@@ -65,16 +66,27 @@ def dim_points(lo: int, hi: int, most: int = MAX_PER_DIM[0]) -> list[int]:
     while len(pts) < most:
         edges = sorted({*pts, hi})
         gap, a, b = max((math.log(b / a), a, b) for a, b in zip(edges, edges[1:]))
-        mid = round(math.sqrt(a * b))
+        mid = _midpoint(a, b)
         if gap <= math.log(1.25) or not a < mid < b:
             break
         pts.add(mid)
     below = max(pts)
-    if hi / below > 1.5 and below < round(math.sqrt(below * hi)) < hi:
-        pts.add(round(math.sqrt(below * hi)))
+    if hi / below > 1.5 and below < _midpoint(below, hi) < hi:
+        pts.add(_midpoint(below, hi))
     if hi % 16 == 0 and hi - 1 > max(pts):
         pts.add(hi - 1)
     return sorted(pts)
+
+
+def _midpoint(a: int, b: int) -> int:
+    """The geometric midpoint of ``a`` and ``b``, on a multiple of 16 where one lies between
+    them: the sizes one above a power of two, and one below a top, are of the other layout
+    class, so each part of a split has sizes of both (attention's S in 513..725, raced at 513
+    and 725 alone, served S=592, a multiple of 16, 45% slower than the best config there:
+    `benchmarks/bucket_regret.py --measure`)."""
+    mid = math.sqrt(a * b)
+    aligned = 16 * round(mid / 16)
+    return aligned if a < aligned < b else round(mid)
 
 
 def span_sizes(bucket: Bucket) -> list[dict[str, int]]:

@@ -138,20 +138,21 @@ def test_finalists_keep_the_near_ones_and_the_default():
 
 def test_span_sizes_lower_bound_powers_of_two_and_one_above_and_midpoints():
     from ctbuild.tune.span import dim_points
-    # then widest gaps; below a top that is a multiple of 16, the size one below it (the
-    # other layout class)
-    assert dim_points(129, 1024) == [129, 256, 257, 363, 512, 513, 725, 1023]
+    # then widest gaps, their midpoints on multiples of 16 (the other layout class than the
+    # sizes one above a power of two); below a top that is a multiple of 16, the size one
+    # below it
+    assert dim_points(129, 1024) == [129, 256, 257, 368, 512, 513, 720, 1023]
     # an octave left below the top: its midpoint too (a split's top run is then not raced
     # at the upper bound alone)
-    assert dim_points(16, 256) == [16, 32, 33, 64, 65, 128, 129, 182, 255]
+    assert dim_points(16, 256) == [16, 32, 33, 64, 65, 128, 129, 176, 255]
     assert dim_points(1, 1 << 24) == [1, 256, 257, 65536, 65537, 1 << 23, (1 << 23) + 1,
-                                      11863284, (1 << 24) - 1]
-    assert dim_points(129, 1024, 5) == [129, 256, 257, 512, 513, 725, 1023]
+                                      11863280, (1 << 24) - 1]
+    assert dim_points(129, 1024, 5) == [129, 256, 257, 512, 513, 720, 1023]
     assert dim_points(1, 16, 5) == [1, 4, 5, 8, 9, 12, 15]
     assert dim_points(1, 2) == [1] and dim_points(7, 8) == [7]
     w = Workload({"X": Tensor((Dim("M", 1, 4096), 64), "float16")})
     by_top = {b.to_json()["M"]: b for b in buckets(w)}
-    assert span_sizes(by_top[1024]) == [{"M": 513}, {"M": 610}, {"M": 725}, {"M": 862},
+    assert span_sizes(by_top[1024]) == [{"M": 513}, {"M": 608}, {"M": 720}, {"M": 864},
                                         {"M": 1023}]
     assert span_sizes(by_top[1]) == []                                   # one size only
     two = Workload({"X": Tensor((Dim("B", 1, 8, buckets=[2, 8]), Dim("S", 16, 8192,
@@ -159,7 +160,7 @@ def test_span_sizes_lower_bound_powers_of_two_and_one_above_and_midpoints():
                                  64), "float16")})
     [b] = [b for b in buckets(two) if b.to_json() == {"B": 8, "S": 8192}]
     sizes = span_sizes(b)
-    b_pts, s_pts = [3, 4, 5, 6], [1025, 2049, 4096, 4097, 5793, 8191]
+    b_pts, s_pts = [3, 4, 5, 6], [1025, 2048, 4096, 4097, 5792, 8191]
     assert sizes[:4] == [{"B": n, "S": 8192} for n in b_pts]            # the lines first
     assert sizes[4:10] == [{"B": 8, "S": n} for n in s_pts]
     grid = [{"B": x, "S": y} for x in [*b_pts, 8] for y in [*s_pts, 8192]]

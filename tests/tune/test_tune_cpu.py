@@ -343,7 +343,7 @@ def test_dim_bucket_winner_is_good_at_every_size(tmp_path, monkeypatch):
         "smallest worst loss over the bucket's sizes"
     assert rec.regret["bucket"] == {"N": 4096}
     by_size = {s["sizes"]["N"]: s for s in rec.regret["sizes"]}
-    assert sorted(by_size) == [257, 512, 513, 1024, 1025, 2048, 2049, 2897, 4095, 4096]
+    assert sorted(by_size) == [257, 512, 513, 1024, 1025, 2048, 2049, 2896, 4095, 4096]
     assert all(s["regret_pct"] <= 0.2 for s in by_size.values())
     assert by_size[257]["fastest"]["TILE"] == 2048 and rec.regret["unsplit"] is None
     assert rec.refined["splits"] == []
