@@ -7,9 +7,8 @@ powers of two in between and the size one above each (where a power-of-two tile 
 filled exactly to almost half empty), geometric midpoints (on multiples of 16, the other layout
 class), and below the upper bound the midpoint of a wide gap and the size one below a bound
 that is a multiple of 16 (another layout class); with several Dims every combination of those
-points (a grid). The loss of a
-config at a size is its time over the fastest there, minus one; a dropped candidate's loss is
-its time when dropped.
+points (a grid). The loss of a config at a size is its time over the fastest there, minus one;
+a dropped candidate's loss is its time when dropped.
 
 The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
 the band of the smallest, or whose CIs overlap its) go to the default config, else the first in
