@@ -21,12 +21,21 @@ from typing import Sequence
 DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
-def lane_env(gpu: int) -> dict[str, str]:
-    """The ``CUDA_VISIBLE_DEVICES`` of a lane on GPU ``gpu``: that GPU, through this
-    process's own list."""
+def visible_ids() -> list[str] | None:
+    """This process's ``CUDA_VISIBLE_DEVICES`` as a list (None: not set, every GPU; set but
+    empty: none)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [v.strip() for v in visible.split(",")] if visible else None
-    return {"CUDA_VISIBLE_DEVICES": ids[gpu] if ids else str(gpu)}
+    return None if visible is None else [v.strip() for v in visible.split(",") if v.strip()]
+
+
+def lane_env(gpu: int) -> dict[str, str] | None:
+    """The ``CUDA_VISIBLE_DEVICES`` of a lane on GPU ``gpu``: that GPU, through this
+    process's own list (None: this process sees no such GPU, and no lane may be shown one
+    it hides)."""
+    ids = visible_ids()
+    if gpu < 0 or ids is not None and gpu >= len(ids):
+        return None
+    return {"CUDA_VISIBLE_DEVICES": str(gpu) if ids is None else ids[gpu]}
 
 
 def expected_gpus(text: str | None) -> list[int] | None:
@@ -35,9 +44,9 @@ def expected_gpus(text: str | None) -> list[int] | None:
     if text is None:
         return None
     if text.strip() == "all":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible_ids()
         try:
-            count = len(visible.split(",")) if visible else len(os.listdir(DRIVER_GPUS))
+            count = len(ids) if ids is not None else len(os.listdir(DRIVER_GPUS))
         except OSError:
             return []
         return list(range(count))
@@ -57,12 +66,15 @@ class WarmLanes:
         return cls(expected_gpus(text)) if DRIVER_GPUS.parent.is_dir() else None
 
     def __init__(self, gpus: Sequence[int] | None) -> None:
-        envs = [None] if gpus is None else [lane_env(g) for g in gpus]
-        self._procs: list[tuple[dict[str, str] | None, subprocess.Popen]] = [
-            (env, subprocess.Popen([sys.executable, "-m", "ctbuild.tune.session", "--warm"],
-                                   stdin=subprocess.PIPE, stdout=sys.stderr,
-                                   env={**os.environ, **(env or {})}))
-            for env in envs]
+        envs = [None] if gpus is None else [e for g in gpus if (e := lane_env(g)) is not None]
+        self._procs: list[tuple[dict[str, str] | None, subprocess.Popen]] = []
+        for env in envs:
+            try:
+                self._procs.append((env, subprocess.Popen(
+                    [sys.executable, "-m", "ctbuild.tune.session", "--warm"],
+                    stdin=subprocess.PIPE, stdout=sys.stderr, env={**os.environ, **(env or {})})))
+            except OSError:  # no process to spare: the lane starts its own, as before
+                break
 
     def take(self, env: dict[str, str] | None) -> subprocess.Popen | None:
         """A process started with ``env`` and still waiting, for a lane to hand its spec."""

@@ -18,9 +18,12 @@ def test_the_lanes_expected_from_gpus_alone(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
     assert expected_gpus(None) is None and expected_gpus("all") == [0, 1, 2]
     assert expected_gpus("1, 0") == [1, 0] and expected_gpus("0,x") == []
-    assert lane_env(1) == {"CUDA_VISIBLE_DEVICES": "5"}
+    assert lane_env(1) == {"CUDA_VISIBLE_DEVICES": "5"} and lane_env(3) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden: none is shown
+    assert expected_gpus("all") == [] and lane_env(0) is None
+    assert WarmLanes([0, 1]).take({"CUDA_VISIBLE_DEVICES": "0"}) is None  # none started
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert lane_env(1) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert lane_env(1) == {"CUDA_VISIBLE_DEVICES": "1"} and lane_env(-1) is None
 
 
 def test_a_lane_takes_the_process_started_for_its_gpu_and_the_rest_are_stopped() -> None:
