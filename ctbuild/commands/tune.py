@@ -25,6 +25,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..tune.session import TuneOptions
+    from ..tune.warm import WarmLanes
 
 EPILOG = """\
 examples:
@@ -185,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def tune_project(args: argparse.Namespace, project: Any, kernels: list, only: list[str],
-                 warm: Any) -> int:
+                 warm: WarmLanes | None) -> int:
     """`run` once the arguments are checked and the ``warm`` lanes started."""
     from ctbuild.cache import Store
 

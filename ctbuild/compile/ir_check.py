@@ -12,13 +12,14 @@ modules changed since the last check.
 Cost: ~10 ms of front end per entry, spread over helper processes (`ir_derive`). A check is
 remembered (``ctbuild-ir-checked.json`` in the cache directory) per project, under a digest of
 the state the front end reads: every project module's source file (by location, as the
-fingerprint tells a project module from a library; not the program's entry point), the installed distributions, the
-toolchain and ctbuild's version. While that state holds, an entry verified (or compiled) with
-the same recorded digest is not derived again; any edit to a project file derives every
-entry again, whatever the fingerprint says. A kernel whose identity rests on its TileIR
-(`ctbuild.fingerprint.by_tileir`: it reads environment variables, data files or installed code
-the fingerprint cannot follow) is remembered under what it reads too (`ByTileIR.state`: the
-variables' values, the files' contents), and never where it reads something it cannot name.
+fingerprint tells a project module from a library; not the program's entry point), the
+installed distributions, the toolchain and ctbuild's version. While that state holds, an entry
+verified (or compiled) with the same recorded digest is not derived again; any edit to a
+project file derives every entry again, whatever the fingerprint says. A kernel whose identity
+rests on its TileIR (`ctbuild.fingerprint.by_tileir`: it reads environment variables, data
+files or installed code the fingerprint cannot follow) is remembered under what it reads too
+(`ByTileIR.state`: the variables' values, the files' contents), and never where it reads
+something it cannot name.
 An entry without a recorded digest (a cache written before digests were) is unverifiable:
 nothing tells what code it is, so it is rebuilt.
 """

@@ -223,7 +223,6 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
         results[s["entry"]] = s
         if emit:
             emit(s)
-    lanes = list(range(len(shares))) if entries else []
 
     def finals_of() -> dict[int, list[dict[str, Any]]]:
         if any(lost(s) for s in results.values()):  # moved first; those keys are not re-run
@@ -233,7 +232,7 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
         return {i: contenders(rec) for i, rec in records.items() if undecided(rec)}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ctbuild-fleet-") as tmp:
-        fin = Finals(Gate(Path(tmp) / "finals"), len(lanes)) if len(lanes) > 1 else None
+        fin = Finals(Gate(Path(tmp) / "finals"), len(run.gpus)) if many and entries else None
         claims = Path(tmp) / "claims" if many else None
         if claims:
             claims.mkdir()
@@ -260,7 +259,7 @@ def tune_fleet(run: FleetRun, entries: Sequence[Entry], store: Store, device: De
     if fin is not None:
         open_keys = [e for e in entries if e.index in fin.posted]
         report["finals_keys"] = len(open_keys)
-        report["slow_gpus"] = finals(run, lanes, open_keys, fin, results, store, device, fp)
+        report["slow_gpus"] = finals(run, open_keys, fin, results, store, device, fp)
         report["finals_wall_s"] = round(wall - screen_wall, 3)
     return [results[e.index] for e in entries if e.index in results], report
 
@@ -273,7 +272,7 @@ def lane_summary(gpu: int, lane: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"gpu": gpu, "entries": len(lane), "measure_s": round(measured, 3)}
 
 
-def finals(run: FleetRun, lanes: Sequence[int], tuned: Sequence[Entry], fin: Finals,
+def finals(run: FleetRun, tuned: Sequence[Entry], fin: Finals,
            results: dict[int, dict[str, Any]], store: Store, device: Device, fp: str
            ) -> list[dict[str, Any]]:
     """The fleet median of what every lane timed of the ``tuned`` entries' finalists decides
@@ -284,14 +283,13 @@ def finals(run: FleetRun, lanes: Sequence[int], tuned: Sequence[Entry], fin: Fin
         timed = fin.timed.get(e.index, {})
         times[e.index] = [{json.dumps(t["config"], sort_keys=True): Timing(
             Config(t["config"], e.kernel.name), t["mean_us"], t["ci_us"], t["samples"])
-            for t in timed[i]["timings"]} for i in lanes if i in timed]
+            for t in lane["timings"]} for _, lane in sorted(timed.items())]
     band = TieBand(run.opts.tie_band)
-    gpus = [run.gpus[i] for i in lanes]
     for e in tuned:
-        if len(times[e.index]) == len(lanes):
+        if len(times[e.index]) == len(run.gpus):
             results[e.index] = merged(e, results[e.index], times[e.index], store, device, fp,
-                                      band, gpus, run.opts.cap)
-    return slow_gpus(gpus, [times[e.index] for e in tuned])
+                                      band, run)
+    return slow_gpus(run.gpus, [times[e.index] for e in tuned])
 
 
 def undecided(rec: TuningRecord) -> bool:
@@ -307,8 +305,7 @@ def undecided(rec: TuningRecord) -> bool:
 
 
 def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], store: Store,
-           device: Device, fp: str, band: TieBand, gpus: list[int], cap: int
-           ) -> dict[str, Any]:
+           device: Device, fp: str, band: TieBand, run: FleetRun) -> dict[str, Any]:
     """The entry's record and summary with the fleet's winner (median across GPUs)."""
     common = set.intersection(*(set(t) for t in lanes))
     fleet = [Timing(lanes[0][k].config, statistics.median(t[k].mean_us for t in lanes),
@@ -316,7 +313,7 @@ def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], st
                     sum(t[k].samples for t in lanes)) for k in sorted(common)]
     if not fleet:
         return summary
-    cands = e.kernel.candidates(e.workload, Arch(device.arch), cap)
+    cands = e.kernel.candidates(e.workload, Arch(device.arch), run.opts.cap)
     choice = choose(fleet, list(cands.kept), cands.default, band)
     rec = TuningRecord.from_json(summary["record"])
     win = choice.winner
@@ -325,7 +322,7 @@ def merged(e: Entry, summary: dict[str, Any], lanes: list[dict[str, Timing]], st
     rec.choice = {"rule": choice.rule, "band": band.to_json(), "fleet": True,
                   "fastest": choice.fastest.config.to_json(),
                   "ties": [t.to_json() for t in choice.ties]}
-    rec.fleet = {"gpus": gpus, "per_gpu": [[t.to_json() for t in lane.values()]
+    rec.fleet = {"gpus": run.gpus, "per_gpu": [[t.to_json() for t in lane.values()]
                                                for lane in lanes]}
     store.put_tuning(summary["record_key"], rec.to_json())
     return {**summary, "winner": rec.config, "mean_us": rec.mean_us, "ci_us": rec.ci_us,

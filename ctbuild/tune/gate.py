@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..atomic_write import write_text
+
 #: How often a waiting process looks at the gate, in seconds.
 POLL_S = 0.02
 
@@ -33,10 +35,9 @@ class Gate:
         self._thread: threading.Thread | None = None
 
     def post(self, text: str) -> None:
-        """Write ``text`` in one rename, so a waiting process never reads half of it."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.path)
+        """Write ``text`` in one rename (`ctbuild.atomic_write`), so a waiting process never
+        reads half of it."""
+        write_text(self.path, text)
 
     def open(self, go: bool) -> None:
         self.post("go" if go else "stop")

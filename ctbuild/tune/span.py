@@ -171,12 +171,13 @@ class Span:
         """Per config timed at every one of ``members``: its worst loss there, and that loss's
         95% CI half-width (its time's and the fastest's there, relative, combined)."""
         common = set.intersection(*(set(self.times[i]) for i in members))
+        fastest = {i: min(self.times[i].values(), key=lambda t: t.mean_us) for i in members}
         out = {}
         for c in common:
-            i = max(members, key=lambda m: self.loss(m, c))
-            t, fastest = self.times[i][c], min(self.times[i].values(), key=lambda x: x.mean_us)
-            spread = math.hypot(t.ci_us / t.mean_us, fastest.ci_us / fastest.mean_us)
-            out[c] = (self.loss(i, c), (1 + self.loss(i, c)) * spread)
+            i = max(members, key=lambda m: self.times[m][c].mean_us / fastest[m].mean_us)
+            t, f = self.times[i][c], fastest[i]
+            ratio = t.mean_us / f.mean_us
+            out[c] = (ratio - 1, ratio * math.hypot(t.ci_us / t.mean_us, f.ci_us / f.mean_us))
         return out
 
     def pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
