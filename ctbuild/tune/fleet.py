@@ -39,7 +39,7 @@ from .choice import RULE_SPAN, TieBand, Timing, choose
 from .claims import Claims
 from .gate import Gate
 from .session import Entry, TuneOptions
-from .span import span_sizes
+from .span_sizes import span_sizes
 from .supervisor import run_isolated
 from .tuner import record_key
 from .verify import contenders

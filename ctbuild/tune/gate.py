@@ -69,18 +69,19 @@ class Gate:
         except FileNotFoundError:
             return False
 
-    def wait(self) -> bool:
+    def wait(self, supervisor: int) -> bool:
         """In a measuring process: wait until the gate opens; whether it says go."""
-        return self.read() == "go"
+        return self.read(supervisor) == "go"
 
-    def read(self) -> str | None:
-        """In a measuring process: wait until something is posted, and return it. A process
-        whose supervisor died (it is re-parented) stops waiting: None."""
-        parent = os.getppid()
+    def read(self, supervisor: int) -> str | None:
+        """In a measuring process started by the process ``supervisor`` (its pid, passed
+        down: a parent read here could already be the one a dead supervisor's child is
+        re-parented to): wait until something is posted, and return it; None once the
+        supervisor is no longer this process's parent (it died)."""
         while True:
             try:
                 return self.path.read_text()
             except FileNotFoundError:
-                if os.getppid() != parent:
+                if os.getppid() != supervisor:
                     return None
                 time.sleep(POLL_S)

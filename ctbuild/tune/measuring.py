@@ -31,7 +31,8 @@ from .check import OutputCheck
 from .choice import Choice, TieBand, Timing, choose
 from .inputs import make_inputs
 from .race import FINALS_BUDGET, SPAN_BUDGET, RaceBudget, RaceResult, finalists, race
-from .span import DEFAULT_SPLITS, Group, Span, span_sizes
+from .span import DEFAULT_SPLITS, Group, Span
+from .span_sizes import span_sizes
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store

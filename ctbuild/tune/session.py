@@ -228,13 +228,13 @@ def _child(spec_path: str) -> int:
     def emit(s: dict[str, Any]) -> None:
         write({"event": "done", "entry": s["entry"], "summary": s})
 
-    if spec.get("gate") and not Gate(spec["gate"]).wait():
+    if spec.get("gate") and not Gate(spec["gate"]).wait(spec["supervisor"]):
         return 0
     tune_entries(entries, store, opts, exclude={int(k): v for k, v in spec["exclude"].items()},
                  emit=emit, on_event=write, isolated=True, claims=claims)
     if spec.get("finals"):
         write({"event": "idle"})
-        posted = json.loads(Gate(spec["finals"]).read() or "{}")
+        posted = json.loads(Gate(spec["finals"]).read(spec["supervisor"]) or "{}")
         finals_entries([e for e in every if str(e.index) in posted], store, opts,
                        {int(k): v for k, v in posted.items()}, on_event=write,
                        emit=lambda s: write({"event": "finals", "entry": s["entry"],

@@ -2,24 +2,21 @@
 
 A bucket serves every size from its lower bound to its upper bound with one config. Its key's
 own size (the upper bound) is screened and raced (`ctbuild.tune.race`); then every screened
-candidate races again at the other sizes `span_sizes` names: along each Dim its lower bound,
-powers of two in between and the size one above each (where a power-of-two tile goes from
-filled exactly to almost half empty), geometric midpoints (on multiples of 16, the other layout
-class), and below the upper bound the midpoint of a wide gap and the size one below a bound
-that is a multiple of 16 (another layout class); with several Dims every combination of those
-points (a grid). The loss of a config at a size is its time over the fastest there, minus one;
-a dropped candidate's loss is its time when dropped.
+candidate races again at the other sizes `ctbuild.tune.span_sizes` names. The loss of a config
+at a size is its time over the fastest there, minus one; a dropped candidate's loss is its time
+when dropped.
 
 The winner is the config whose worst loss over the sizes is smallest; ties (worst losses within
 the band of the smallest, or whose CIs overlap its) go to the default config, else the first in
-space order
-(`ctbuild.tune.choice`). Where even that worst loss exceeds the band, the bucket is split along
-the Dim that leaves the least loss (`Span.split`): from the top down, each sub-bucket takes the
-smaller sizes while one config (or one per layout class) stays within the band over all of
-them, at most `DEFAULT_SPLITS` times along each Dim by default; each sub-bucket that still
-loses more is split again along another Dim. A sub-bucket's upper corner is its split point
-(`ctbuild.bucket_map`); its winner is recorded under the point's own tuning key, from the times
-already measured: nothing is measured twice.
+space order (`ctbuild.tune.choice`). Where even that worst loss exceeds the band, the bucket is
+split along the Dim that leaves the least loss (`Span.split`): from the top down, each
+sub-bucket takes the smaller sizes while one config (or one per layout class) stays within the
+band over all of them, at most `DEFAULT_SPLITS` times along each Dim by default; each
+sub-bucket that still loses more is split again along another Dim. A sub-bucket's upper corner
+is its split point (`ctbuild.bucket_map`); its winner is recorded under the point's own tuning
+key, from the times already measured: nothing is measured twice. A sub-bucket that holds sizes
+of a layout class none of its raced sizes has is served there by a config chosen at the
+nearest raced sizes of that class (`Span.borrow`).
 """
 from __future__ import annotations
 
@@ -28,91 +25,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..bucket_map import MAX_POINTS, Split
+from ..bucket_map import MAX_POINTS, Split, layout_class
 from ..dims import Bucket
 from ..space import Config
 from .choice import TieBand, Timing, choose
 
-#: The most sizes below its upper bound raced along one Dim of a bucket over one Dim, and
-#: over several (each of its Dims, whose points then form a grid).
-MAX_PER_DIM = (7, 4)
-#: The most sizes of a grid over a bucket's Dims (more Dims race their lines alone).
-MAX_GRID = 64
 #: The most times a bucket is split along each Dim by default (``--refine N``,
 #: ``max_splits=``).
 DEFAULT_SPLITS = 3
-
-
-def dim_points(lo: int, hi: int, most: int = MAX_PER_DIM[0]) -> list[int]:
-    """The sizes below ``hi`` to race along one Dim: its lower bound; powers of two in between
-    and the size one above each, where a power-of-two tile goes from filled exactly to almost
-    half empty (at most ``(most - 1) // 2`` of them, spread on a log scale); then geometric
-    midpoints of the widest gaps, up to ``most`` sizes; and the midpoint of the gap below
-    ``hi`` where it is still wider than 1.5x, and where ``hi`` is a multiple of 16 the size
-    one below it. A split's top sub-bucket starts above a raced size: without a size inside
-    that gap it is served by a winner chosen at ``hi`` alone (one noisy size picked it for
-    half the bucket: `benchmarks/tune_reproducibility.py`), and without one of another
-    layout class (`ctbuild.bucket_map.layout_class`: another CUBIN) by a winner chosen on
-    aligned sizes alone (attention over ``BH x S`` served S=201 120% slower than the best
-    config there: `benchmarks/bucket_regret.py --measure`)."""
-    ks = [k for k in range(hi.bit_length()) if lo < 2 ** k < hi]
-    n = (most - 1) // 2
-    if len(ks) > n:  # spread on the log scale above the lower bound, the largest kept
-        ks = sorted({ks[round((i + 1) * (len(ks) - 1) / n)] for i in range(n)})
-    if lo >= hi:
-        return []
-    pts = {lo} | {p for k in ks for p in (2 ** k, 2 ** k + 1) if p < hi}
-    while len(pts) < most:
-        edges = sorted({*pts, hi})
-        gap, a, b = max((math.log(b / a), a, b) for a, b in zip(edges, edges[1:]))
-        mid = _midpoint(a, b)
-        if gap <= math.log(1.25) or not a < mid < b:
-            break
-        pts.add(mid)
-    below = max(pts)
-    if hi / below > 1.5 and below < _midpoint(below, hi) < hi:
-        pts.add(_midpoint(below, hi))
-    if hi % 16 == 0 and hi - 1 > max(pts):
-        pts.add(hi - 1)
-    return sorted(pts)
-
-
-def _midpoint(a: int, b: int) -> int:
-    """The geometric midpoint of ``a`` and ``b``, on a multiple of 16 where one lies between
-    them: the sizes one above a power of two, and one below a top, are of the other layout
-    class, so each part of a split has sizes of both (attention's S in 513..725, raced at 513
-    and 725 alone, served S=592, a multiple of 16, 45% slower than the best config there:
-    `benchmarks/bucket_regret.py --measure`)."""
-    mid = math.sqrt(a * b)
-    aligned = 16 * round(mid / 16)
-    return aligned if a < aligned < b else round(mid)
-
-
-def span_sizes(bucket: Bucket) -> list[dict[str, int]]:
-    """The sizes to race inside ``bucket`` other than its upper bound: along each Dim
-    (`dim_points`, the others at their upper bound); with several Dims every combination of
-    those points (a grid, where it has at most `MAX_GRID` sizes; else the all-lower corner and
-    the point where every Dim is at the middle of its points); no size twice. A bucket over
-    several Dims needs the grid: its best config changes with each Dim (the number of blocks
-    against the SMs), and a sub-bucket cut along one Dim is only served well along the other
-    where sizes off the lines through the upper corner were raced (on the lines alone,
-    attention over ``BH x S`` served drawn sizes with p95 63% and max 125% loss,
-    `benchmarks/bucket_regret.py --measure`)."""
-    top = dict(bucket.sizes)
-    low = bucket.lower_bounds()
-    most = MAX_PER_DIM[0] if len(top) == 1 else MAX_PER_DIM[1]
-    points = {name: dim_points(low[name], top[name], most) for name in top}
-    out: list[dict[str, int]] = []
-    for name in sorted(top):
-        out += [{**top, name: p} for p in points[name]]
-    if len(top) > 1 and math.prod(len(p) + 1 for p in points.values()) <= MAX_GRID:
-        names = sorted(top)
-        out += [dict(zip(names, combo)) for combo in itertools.product(
-            *([*points[n], top[n]] for n in names))]
-    elif len(top) > 1:
-        middle = {n: pts[len(pts) // 2] if pts else top[n] for n, pts in points.items()}
-        out += [dict(low), middle]
-    return [s for i, s in enumerate(out) if s != top and s not in out[:i]]
+#: How many raced sizes of a layout class choose a sub-bucket's config for that class where
+#: none of its own sizes has it (`Span.borrow`): the nearest to its sizes.
+NEAREST = 2
 
 
 @dataclass
@@ -232,8 +155,54 @@ class Span:
             return [whole], None
         groups, why = self._split(order, default, band, limit, refuse or (lambda points: None),
                                   [], ())
-        groups = [self._by_layout(g, order, default, band) for g in groups]
+        groups = self.borrow([self._by_layout(g, order, default, band) for g in groups],
+                             order, default, band)
         return groups, why if max(g.worst_pct for g in groups) * 100 > band.percent else None
+
+    def borrow(self, groups: list[Group], order: Sequence[Config], default: Config | None,
+               band: TieBand) -> list[Group]:
+        """``groups`` (a split, in the runtime's order), each given a config for every layout
+        class it holds sizes of (`_holds`) but has no raced size of, where the one chosen at
+        the `NEAREST` raced sizes of that class nearest its own (the tie rule on their worst
+        loss) is not what it would serve them with. A part of a split may be cut to raced
+        sizes of one class (attention's S in 2897..4095 to S=4095): its winner was chosen on
+        none of the other class's sizes, which may run another CUBIN 5x faster or slower
+        (served so, attention over ``BH x S`` lost p95 31% at drawn sizes, borrowing 10%:
+        `benchmarks/bucket_regret.py --measure`)."""
+        raced: dict[str, list[int]] = {}
+        for i in range(len(self.sizes)):
+            raced.setdefault(self.cls(i), []).append(i)
+        if "" in raced:
+            return groups
+        for k, g in enumerate(groups):
+            mine = {self.cls(i) for i in g.members}
+            for cls in sorted(self._holds(groups, k) & set(raced) - mine):
+                near = sorted(raced[cls], key=lambda i: min(
+                    _apart(self.sizes[i], self.sizes[m]) for m in g.members))[:NEAREST]
+                cfg, _ = self._pick(near, order, g.winner, band)
+                if cfg != g.by_class.get(cls, g.winner):
+                    g.by_class[cls] = cfg
+        return groups
+
+    def _holds(self, groups: Sequence[Group], k: int) -> set[str]:
+        """The layout classes of the sizes the runtime may map to part ``k`` of a split:
+        per Dim those above the largest size an earlier point that covers the part's other
+        Dims takes, up to the part's own point (a box around what the part serves)."""
+        low, top = self.bucket.lower_bounds(), self.sizes[self.top]
+        point = groups[k].point or top
+        reps: list[list[int]] = []
+        for name in sorted(point):
+            floor = max([low[name] - 1] + [
+                p[name] for p in (g.point for g in groups[:k]) if p is not None and
+                p[name] < point[name] and all(p[o] >= point[o] for o in point if o != name)])
+            hi = point[name]
+            aligned = 16 * (hi // 16)
+            other = next((v for v in range(hi, max(floor, hi - 17), -1) if v != 1 and v % 16),
+                         None)
+            reps.append([v for v in (1 if floor < 1 else None, aligned if aligned > floor
+                                     and aligned > 0 else None, other) if v is not None])
+        names = sorted(point)
+        return {layout_class(dict(zip(names, combo))) for combo in itertools.product(*reps)}
 
     def _by_layout(self, group: Group, order: Sequence[Config], default: Config | None,
                    band: TieBand) -> Group:
@@ -439,3 +408,8 @@ class Span:
         i = self.sizes.index(group.point)
         pct = 100 * self.loss(i, served) if served in self.times[i] else None
         return Split(tuple(sorted(group.point.items())), None if pct is None else round(pct, 3))
+
+
+def _apart(a: dict[str, int], b: dict[str, int]) -> float:
+    """How far apart two sizes of a bucket are: on the log scale, over its Dims."""
+    return math.hypot(*(math.log(a[n] / b[n]) for n in a))

@@ -55,7 +55,8 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
                     "opts": {**opts.__dict__}, "events": str(events_path),
                     "gate": str(gate.path) if gate else None,
                     "finals": str(finals.path) if finals else None,
-                    "claims": [str(claims.path), claims.lane] if claims else None}
+                    "claims": [str(claims.path), claims.lane] if claims else None,
+                    "supervisor": os.getpid()}
             spec_path = Path(tmp) / f"spec-{run.restarts}.json"
             spec_path.write_text(json.dumps(spec))
             proc = warm if warm is not None and hand(warm, spec_path) else subprocess.Popen(

@@ -2,6 +2,7 @@
 processes, no GPU)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -12,11 +13,11 @@ import pytest
 from ctbuild.tune.gate import Gate
 
 WAITER = ("import sys; from ctbuild.tune.gate import Gate; "
-          "sys.exit(0 if Gate(sys.argv[1]).wait() else 3)")
+          "sys.exit(0 if Gate(sys.argv[1]).wait(int(sys.argv[2])) else 3)")
 
 
 def _waiter(path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", WAITER, str(path)])
+    return subprocess.Popen([sys.executable, "-c", WAITER, str(path), str(os.getpid())])
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -46,10 +47,11 @@ def test_processes_started_before_the_check_measure_only_after_it_passed(
 
 def test_a_waiter_whose_supervisor_died_stops_waiting(tmp_path: Path) -> None:
     """The supervisor is killed before it opens the gate: its child (re-parented) gives up
-    rather than waiting forever."""
-    script = ("import subprocess, sys, time; "
-              f"p = subprocess.Popen([sys.executable, '-c', {WAITER!r}, sys.argv[1]]); "
-              "print(p.pid, flush=True); time.sleep(0.5)")
+    rather than waiting forever, also where the supervisor died before the child began to
+    wait (it then never saw its parent change)."""
+    script = ("import os, subprocess, sys, time; "
+              f"p = subprocess.Popen([sys.executable, '-c', {WAITER!r}, sys.argv[1], "
+              "str(os.getpid())]); print(p.pid, flush=True)")
     sup = subprocess.run([sys.executable, "-c", script, str(tmp_path / "gate")],
                          capture_output=True, text=True, timeout=60)
     pid = int(sup.stdout.split()[0])

@@ -24,7 +24,8 @@ from ctbuild.tune.choice import (
     choose,
 )
 from ctbuild.tune.race import RaceBudget, decided, finalists, race, round_timings
-from ctbuild.tune.span import Span, span_sizes
+from ctbuild.tune.span import Span
+from ctbuild.tune.span_sizes import span_sizes
 
 
 def cfg(tile: int) -> Config:
@@ -137,7 +138,7 @@ def test_finalists_keep_the_near_ones_and_the_default():
 
 
 def test_span_sizes_lower_bound_powers_of_two_and_one_above_and_midpoints():
-    from ctbuild.tune.span import dim_points
+    from ctbuild.tune.span_sizes import dim_points
     # then widest gaps, their midpoints on multiples of 16 (the other layout class than the
     # sizes one above a power of two); below a top that is a multiple of 16, the size one
     # below it
@@ -440,6 +441,10 @@ def test_a_split_counts_a_winner_per_layout_class_only_where_each_class_has_two_
         order, None, TieBand(2.0), limit=3)
     assert [g.point for g in groups] == [{"M": 65}, {"M": 512}, {"M": 1023}, None]
     assert [g.winner for g in groups] == [cfg(256), cfg(64), cfg(128), cfg(64)]
+    # 66..512 raced 512 alone: its unaligned sizes borrow the winner at the nearest raced ones
+    # (513 and 1023), and 513..1023's multiples of 16 the one at 512 and 1024; the top serves
+    # 1024 alone, no unaligned size, and 1..65 raced both classes
+    assert [g.by_class for g in groups] == [{}, {"M:n": cfg(128)}, {"M:16": cfg(64)}, {}]
 
 
 @pytest.mark.parametrize("seed", range(0, 80, 8))
@@ -468,3 +473,9 @@ def test_every_raced_size_is_served_by_the_part_that_chose_with_it(seed):
             for i in g.members:
                 served = split_for(splits, sizes[i])
                 assert (served.sizes if served else None) == g.point, (his, sizes[i])
+        low = b.lower_bounds()
+        for _ in range(40):  # a part's layout classes hold every size the runtime maps to it
+            size = {n: rng.randint(low[n], v) for n, v in b.sizes}
+            served = split_for(splits, size)
+            k = points.index(dict(served.sizes)) if served else len(groups) - 1
+            assert layout_class(size) in span._holds(groups, k), (his, size)
