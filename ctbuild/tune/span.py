@@ -42,12 +42,21 @@ NEAREST = 2
 class Group:
     """Consecutive sizes of a bucket that one config serves: indices into `Span.sizes`, the
     winner, its worst loss, (below the top) the split point, and where the sizes of another
-    layout class want another config, the winner of each class (`Span.pick`)."""
+    layout class want another config, the winner of each class (`Span.pick`); the 95% CI
+    half-width of the worst loss."""
     members: list[int]
     winner: Config
     worst_pct: float
     point: dict[str, int] | None = None
     by_class: dict[str, Config] = field(default_factory=dict)
+    ci: float = 0.0
+
+    def within(self, band: TieBand) -> bool:
+        """Whether its worst loss is within the band, or its CI reaches into it (as a time
+        within its CI of the fastest ties with it): a group at the band's edge is split or
+        given class winners on noise, and two tunes then serve it differently
+        (`benchmarks/tune_reproducibility.py`)."""
+        return self.worst_pct - (self.ci if band.ci_overlap else 0.0) <= band.percent / 100
 
     def serves(self, span: Span, i: int) -> Config:
         """The config that serves size ``i`` of the group."""
@@ -86,10 +95,6 @@ class Span:
             kinds.setdefault(self.cls(i), []).append(i)
         return {} if "" in kinds else kinds
 
-    def worst(self, members: Sequence[int]) -> dict[Config, float]:
-        """Per config timed at every one of ``members``, its worst loss there."""
-        return {c: w for c, (w, _) in self.worst_ci(members).items()}
-
     def worst_ci(self, members: Sequence[int]) -> dict[Config, tuple[float, float]]:
         """Per config timed at every one of ``members``: its worst loss there, and that loss's
         95% CI half-width (its time's and the fastest's there, relative, combined)."""
@@ -106,10 +111,11 @@ class Span:
     def pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
              band: TieBand) -> Group:
         """The group of ``members``, served by one config (`_pick`)."""
-        return Group(list(members), *self._pick(members, order, default, band))
+        winner, worst, ci = self._pick(members, order, default, band)
+        return Group(list(members), winner, worst, ci=ci)
 
     def _pick(self, members: Sequence[int], order: Sequence[Config], default: Config | None,
-              band: TieBand) -> tuple[Config, float]:
+              band: TieBand) -> tuple[Config, float, float]:
         """(the config with the smallest worst loss over ``members``, by the tie rule applied
         to worst losses and their CIs, as to times at one size; that loss). A worst loss is a
         maximum over sizes each timed with noise: two tunes that rank configs by it alone
@@ -117,7 +123,7 @@ class Span:
         worst = self.worst_ci(members)
         scores = [Timing(c, 1 + w, ci, 1) for c, (w, ci) in worst.items()]
         winner = choose(scores, order, default, band).winner
-        return winner.config, worst[winner.config][0]
+        return (winner.config, *worst[winner.config])
 
     def lines(self) -> dict[str, list[int]]:
         """Per Dim the sizes along it (the other Dims at their upper bound), smallest first,
@@ -149,9 +155,9 @@ class Span:
         whole = self.pick(everything, order, default, band)
         if limit == 0:  # one winner for the whole bucket, whatever the layout classes
             return [whole], ("splitting is off (--no-refine)"
-                             if whole.worst_pct * 100 > band.percent else None)
+                             if not whole.within(band) else None)
         whole = self._by_layout(whole, order, default, band)  # may serve all within the band
-        if whole.worst_pct * 100 <= band.percent:
+        if whole.within(band):
             return [whole], None
         groups, why = self._split(order, default, band, limit, refuse or (lambda points: None),
                                   [], ())
@@ -179,7 +185,7 @@ class Span:
             for cls in sorted(self._holds(groups, k) & set(raced) - mine):
                 near = sorted(raced[cls], key=lambda i: min(
                     _apart(self.sizes[i], self.sizes[m]) for m in g.members))[:NEAREST]
-                cfg, _ = self._pick(near, order, g.winner, band)
+                cfg = self._pick(near, order, g.winner, band)[0]
                 if cfg != g.by_class.get(cls, g.winner):
                     g.by_class[cls] = cfg
         return groups
@@ -215,15 +221,15 @@ class Span:
         sizes than the group's (measured: splitting by class first served the sizes between
         the raced ones worse, `bucket_regret.py --measure`)."""
         kinds = self._kinds(group.members)
-        if group.worst_pct * 100 <= band.percent or len(kinds) < 2:
+        if group.within(band) or len(kinds) < 2:
             return group
         per = {k: self._pick(m, order, default, band) for k, m in sorted(kinds.items())}
-        apart = max(w for _, w in per.values())
+        _, apart, ci = max(per.values(), key=lambda p: p[1])
         if apart >= group.worst_pct:
             return group
         rep = self.sizes.index(group.point) if group.point else self.top
         return Group(group.members, per[self.cls(rep)][0], apart, group.point,
-                     {k: c for k, (c, _) in per.items()})
+                     {k: c for k, (c, _, _) in per.items()}, ci)
 
     def _split(self, order: Sequence[Config], default: Config | None, band: TieBand,
                limit: int, refuse: Callable[[list[dict[str, int]]], str | None],
@@ -279,7 +285,7 @@ class Span:
         out: list[Group] = []
         for k, g in enumerate(groups):
             corner = self.sizes.index(g.point) if g.point else self.top
-            if g.worst_pct * 100 <= band.percent or corner not in g.members:
+            if g.within(band) or corner not in g.members:
                 out.append(g)
                 continue
             members = sorted(g.members, key=lambda i: i == corner)
@@ -363,14 +369,16 @@ class Span:
         return [self._by_layout(g, order, default, band) for g in groups]
 
     def _served(self, members: list[int], band: TieBand) -> bool:
-        """Whether one config serves ``members`` within the band, or one per layout class
-        where each class has two sizes at least (a winner chosen at one size of its class
-        served the sizes between worse: `benchmarks/bucket_regret.py --measure`)."""
+        """Whether one config serves ``members`` within the band (`Group.within`), or one
+        per layout class where each class has two sizes at least (a winner chosen at one size
+        of its class served the sizes between worse: `benchmarks/bucket_regret.py
+        --measure`)."""
         kinds = self._kinds(members)
         if not kinds or min(map(len, kinds.values())) < 2:
             kinds = {"": members}
-        return all(min(self.worst(m).values(), default=1.0) * 100 <= band.percent
-                   for m in kinds.values())
+        slack = 1.0 if band.ci_overlap else 0.0
+        return all(min((w - slack * ci for w, ci in self.worst_ci(m).values()), default=1.0)
+                   * 100 <= band.percent for m in kinds.values())
 
     def regret_json(self, group: Group, bucket: dict[str, int], unsplit: str | None = None
                     ) -> dict[str, Any]:
