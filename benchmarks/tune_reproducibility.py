@@ -8,8 +8,10 @@
    same CUBINs, no tuning records).
 2. ``ctbuild tune`` each project into A, then into B (fresh processes, timed).
 3. Compare the records key by key and print, in one run:
-   - the agreement of the winners (the tie rule's), and of the fastest screened candidate
-     (what the tuner picked before the tie rule and the runoff), for comparison;
+   - the agreement of the winners (the tie rule's, and each layout class's own where a
+     record has one: two records agree where they serve every call alike), and of the
+     fastest screened candidate (what the tuner picked before the tie rule and the runoff),
+     for comparison;
    - the regret of every disagreement: each run's winner timed in the other run's data
      (its runoff times where both configs were finalists there, else its screening times);
    - each run's tune time, and its measuring time against the part spent screening (cuTile's
@@ -114,6 +116,15 @@ def _fastest_screened(rec: dict[str, Any]) -> str:
                       sort_keys=True)
 
 
+def same_served(ra: dict[str, Any], rb: dict[str, Any]) -> bool:
+    """Whether two records of a key serve every call alike: the same winner, and the same
+    config for each layout class either gives its own (``by_class``)."""
+    classes = {**(ra.get("by_class") or {}), **(rb.get("by_class") or {})}
+    return ra["config"] == rb["config"] and all(
+        ((ra.get("by_class") or {}).get(c) or {}).get("config", ra["config"]) ==
+        ((rb.get("by_class") or {}).get(c) or {}).get("config", rb["config"]) for c in classes)
+
+
 def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct: float
             ) -> dict[str, Any]:
     keys = sorted(set(a) & set(b))
@@ -122,7 +133,7 @@ def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct
     for k in keys:
         ra, rb = a[k], b[k]
         old_agree += _fastest_screened(ra) == _fastest_screened(rb)
-        if ra["config"] == rb["config"]:
+        if same_served(ra, rb):
             agree += 1
             continue
         worst = 0.0

@@ -215,7 +215,9 @@ class Span:
         """``group`` with each layout class's own winner where it loses more than the band,
         its sizes come in several layout classes (`ctbuild.bucket_map.layout_class`: a size
         divisible by 16 runs another CUBIN than one that is not, and a tile may fit one and
-        not the other) and that leaves less loss; the group's winner is then the one of its
+        not the other) and that leaves less loss beyond the band summed over its sizes, its
+        worst loss at most the band above the group's (where one class's worst loss stays,
+        the other's sizes are still better served); the group's winner is then the one of its
         split point's class (the bucket's top's). For a whole bucket only where that serves it
         within the band, else for each part of a split: a class's winner is chosen on fewer
         sizes than the group's (measured: splitting by class first served the sizes between
@@ -225,11 +227,13 @@ class Span:
             return group
         per = {k: self._pick(m, order, default, band) for k, m in sorted(kinds.items())}
         _, apart, ci = max(per.values(), key=lambda p: p[1])
-        if apart >= group.worst_pct:
-            return group
         rep = self.sizes.index(group.point) if group.point else self.top
-        return Group(group.members, per[self.cls(rep)][0], apart, group.point,
-                     {k: c for k, (c, _, _) in per.items()}, ci)
+        classed = Group(group.members, per[self.cls(rep)][0], apart, group.point,
+                        {k: c for k, (c, _, _) in per.items()}, ci)
+        if apart > group.worst_pct + band.percent / 100 or \
+                self._score([classed], band)[1] >= self._score([group], band)[1]:
+            return group
+        return classed
 
     def _split(self, order: Sequence[Config], default: Config | None, band: TieBand,
                limit: int, refuse: Callable[[list[dict[str, int]]], str | None],

@@ -245,6 +245,23 @@ def test_a_bucket_whose_worst_loss_is_within_its_ci_of_the_band_is_served_whole(
         assert (g.winner, g.by_class, why) == (cfg(64), classes, None), ci
 
 
+def test_class_winners_serve_where_one_class_keeps_its_loss():
+    """TILE=64 loses 10% at S=33 (no config serves both unaligned sizes within the band) and
+    5% at the multiples of 16, where 128 loses nothing. The bucket cannot be split (its key
+    would clash): the multiples of 16 still get their own winner, though the unaligned
+    sizes' worst loss stays 10%."""
+    one = Workload({"X": Tensor((Dim("S", 16, 8192), 64), "float16")})
+    [b] = [b for b in buckets(one) if b.to_json() == {"S": 128}]
+    times = {17: {64: 10, 128: 12, 256: 11}, 33: {64: 11, 128: 12, 256: 10},
+             64: {64: 10.5, 128: 10, 256: 12}, 128: {64: 10.5, 128: 10, 256: 12}}
+    span = _span(b, {f"S={n}": t for n, t in times.items()}, classes=True)
+    [g], why = span.split([cfg(64), cfg(128), cfg(256)], None, TieBand(2.0), limit=3,
+                          refuse=lambda points: "the key clashes")
+    assert (g.winner, g.by_class, why) == (cfg(128), {"S:16": cfg(128), "S:n": cfg(64)},
+                                           "the key clashes")
+    assert round(100 * g.worst_pct) == 10
+
+
 def test_verify_contenders_skip_what_a_hostile_record_holds():
     """A record read from a shared cache: malformed ties, finalists and candidates are skipped;
     the winner comes first, nothing twice."""
