@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from .dims import Bucket
 from .space import Config
+from .waves import WaveTable, read_table
 
 #: The most times a bucket may be split along one Dim (``--refine N``, ``max_splits=``).
 MAX_SPLITS = 4
@@ -143,19 +144,23 @@ def layout_class(sizes: Mapping[str, int]) -> str:
 MAX_CLASSES = 32
 
 
-def class_winners(raw: Any, kernel: str) -> dict[str, Config]:
+def class_winners(raw: Any, kernel: str) -> dict[str, Config | WaveTable]:
     """A record's ``by_class`` entry read defensively (it comes from a cache that may be
-    shared): per layout class (`layout_class`, a short text) a config given as a JSON object;
-    anything else is skipped (the record's own ``config`` serves it), and an entry of more
-    than `MAX_CLASSES` is not read."""
+    shared): per layout class (`layout_class`, a short text) a config given as a JSON object,
+    or where the entry has a readable ``waves`` table (`ctbuild.waves.read_table`), the table
+    a call of that class chooses its config by; anything else is skipped (the record's own
+    ``config`` serves it), and an entry of more than `MAX_CLASSES` is not read."""
     if not isinstance(raw, dict) or len(raw) > MAX_CLASSES:
         return {}
-    out = {}
+    out: dict[str, Config | WaveTable] = {}
     for cls, entry in raw.items():
         config = entry.get("config") if isinstance(entry, dict) else None
         if isinstance(cls, str) and len(cls) <= 256 and isinstance(config, dict) \
                 and all(isinstance(k, str) for k in config):
-            out[cls] = Config(config, kernel)
+            dims = [part.split(":")[0] for part in cls.split(",")]
+            table = read_table(entry.get("waves"), kernel, dims, Config(config, kernel)) \
+                if "waves" in entry else None
+            out[cls] = table or Config(config, kernel)
     return out
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..bucket_map import MAX_SPLITS
 from ..tune.choice import TieBand, TieBandError
 from ..tune.span import DEFAULT_SPLITS
+from ..waves import describe
 from .common import (
     add_project_args,
     fail,
@@ -376,7 +377,7 @@ def span_lines(s: dict[str, Any]) -> list[str]:
     by_class = rec.get("by_class") if isinstance(rec.get("by_class"), dict) else {}
     if by_class:
         lines.append(f"{head} a winner per layout class: " + "; ".join(
-            f"{k} {json.dumps((v or {}).get('config'), sort_keys=True)}"
+            f"{k} {json.dumps((v or {}).get('config'), sort_keys=True)}{describe(v)}"
             for k, v in sorted(by_class.items())))
     worst = regret.get("worst_pct", regret.get("max_pct"))
     if regret.get("unsplit") and isinstance(worst, (int, float)) and worst > band:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from ..records import stored_tuning
 from ..signature import derive_signature, signature_class, signature_text
 from ..space import Config
 from ..specs import Workload
+from ..waves import WaveTable
 from .declaration_reads import DeclarationReads
 from .errors import KernelCallError
 from .ledger import LEDGER
@@ -99,7 +101,7 @@ class Resolver:
         #: per (tuning key, arch, GPU): (winner, where it came from, record key, its winners by
         #: layout class)
         self._winners: dict[tuple[str, str, str], tuple[Config, str, str | None,
-                                                      dict[str, Config]]] = {}
+                                                      dict[str, Config | WaveTable]]] = {}
         #: the (tuning key, arch, GPU)s the cache has no record of (a `Dim` call's own sizes,
         #: mostly: it then takes its bucket's); bounded like the hot-path memo
         self._unrecorded: set[tuple[str, str, str]] = set()
@@ -138,8 +140,12 @@ class Resolver:
                     keys.append(rep)
             cfg, config_from, record_key, tk, by_class = self._winner(w, keys, arch, gpu,
                                                                       wl_json, stream, dry)
+            def blocks(c: Config) -> int:
+                with reads:  # a finalist's grid reads the call as the served one's does
+                    return math.prod(tuned.grid(c, w, dev))
             cfg, config_from, cover, by_layout = self._served(cfg, config_from, default,
-                                                              by_class, bucket, spec_w, arch)
+                                                              by_class, bucket, spec_w, arch,
+                                                              blocks)
             compile_key, cubin_class, signature = cover
             cubin_from = "cache"
             if cubin_class is None:
@@ -161,17 +167,22 @@ class Resolver:
                             sub.to_json() if sub is not None else None, bucket_why, by_layout)
 
     def _served(self, cfg: Config, config_from: str, default: Config,
-                by_class: dict[str, Config], bucket: Bucket | None, spec_w: Workload, arch: str
+                by_class: dict[str, Config | WaveTable], bucket: Bucket | None,
+                spec_w: Workload, arch: str, blocks: Callable[[Config], int]
                 ) -> tuple[Config, str, tuple[str | None, str | None, str | None], str | None]:
         """(config, where it came from, its `_cover`, the layout class whose winner it is) a
         call is served with: the winner, or its layout class's
-        (`ctbuild.bucket_map.layout_class`) where the record has one and its CUBIN is cached;
-        a recorded winner whose CUBIN is not, the default's if that is cached, rather than a
-        JIT (a winner tuned online in this process is served as measured)."""
+        (`ctbuild.bucket_map.layout_class`) where the record has one and its CUBIN is cached
+        (where the class has a `ctbuild.waves.WaveTable`: the finalist it predicts fastest at
+        this call, ``blocks(config)`` its grid's block count here); a recorded winner whose
+        CUBIN is not, the default's if that is cached, rather than a JIT (a winner tuned
+        online in this process is served as measured)."""
         cover = self._cover(cfg, spec_w, arch)
         sizes = match(bucket.declared, spec_w) if by_class and bucket is not None else None
         cls = layout_class(sizes) if sizes is not None else None
         alt = by_class.get(cls) if cls is not None else None
+        if isinstance(alt, WaveTable):
+            alt = _by_waves(alt, sizes or {}, blocks, self.tuned.name)
         if alt is not None and alt != cfg and self._in_space(alt):
             other = self._cover(alt, spec_w, arch)
             if other[1] is not None:
@@ -251,7 +262,7 @@ class Resolver:
 
     def _winner(self, w: Workload, keys: list[tuple[list, str]], arch: str, gpu: str,
                 wl_json: dict, stream: Any, dry: bool = False
-                ) -> tuple[Config, str, str | None, list, dict[str, Config]]:
+                ) -> tuple[Config, str, str | None, list, dict[str, Config | WaveTable]]:
         """(config, where it came from, record key, tuning key, the record's winners by layout
         class): the first of ``keys`` (the call's own tuning key, then its sub-bucket's, then
         its bucket's; each with its `_text`) with a record, else the miss policy's."""
@@ -402,3 +413,16 @@ def explanation(res: Resolved, kernel: str, mode: str) -> dict[str, Any]:
             "workload": res.workload_json, "sub_bucket": res.sub_bucket,
             **({"bucket_why": res.bucket_why} if res.bucket_why else {}),
             **({"layout_class": res.layout_class} if res.layout_class else {})}
+
+
+def _by_waves(table: WaveTable, sizes: Mapping[str, int], blocks: Callable[[Config], int],
+              kernel: str) -> Config | None:
+    """The config ``table`` chooses for a call of these Dim sizes; its fallback where a
+    finalist's grid cannot be computed for the call (the declaration's grid function raised:
+    it is the user's code)."""
+    try:
+        return table.choose(sizes, blocks)
+    except Exception as exc:  # noqa: BLE001 - a user grid function; the class's config serves
+        log.debug("ctbuild: %s: no choice by waves: %s", kernel, exc)
+        return table.fallback
+

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -33,12 +34,14 @@ from .inputs import make_inputs
 from .race import FINALS_BUDGET, SPAN_BUDGET, RaceBudget, RaceResult, finalists, race
 from .span import DEFAULT_SPLITS, Group, Span
 from .span_sizes import span_sizes
+from .waves import fit
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store
 
     from ..declare import TunedKernel
     from ..serve.served_kernel import ServedKernel
+    from ..waves import WaveTable
     from .tuner import CandidatePlan, Device
 
 log = logging.getLogger("ctbuild")
@@ -319,6 +322,8 @@ class Measured:
     span: Span | None = None
     groups: list[Group] = field(default_factory=list)
     unsplit: str | None = None
+    #: per layout class, the table its calls choose their config by (`ctbuild.waves`)
+    waves: dict[str, WaveTable] = field(default_factory=dict)
     check: dict[str, Any] | None = None
     phases: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
@@ -364,6 +369,10 @@ def measure(tuned: TunedKernel, plan: CandidatePlan, bench: Bench, benches: Benc
         m.groups, m.unsplit = m.span.split(
             plan.space, plan.default, settings.band, settings.max_splits,
             refuse=lambda points: key_clash(tuned, bucket, points))
+        if settings.max_splits:  # per-call choices refine a bucket too: off with --no-refine
+            m.waves = fit(m.span, m.groups, lambda c, s: math.prod(tuned.grid(
+                c, concretize(bucket.declared, s), benches.grid_dev)),
+                benches.grid_dev.sm_count, plan.space, settings.band)
         m.phases["span"] = time.perf_counter() - t
     winner = m.winner
     assert winner is not None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic_write import write_json, write_text
+from ..waves import describe
 
 WINNER, DEFAULT, OTHER, FAIL = "#2e7d32", "#1565c0", "#9e9e9e", "#c62828"
 
@@ -326,6 +327,7 @@ def _regret_text(rec: dict[str, Any]) -> str:
                        "than one that is not): " + "; ".join(
                            f"{_esc(str(k))} "
                            f"{_esc(_cfg(v.get('config') if isinstance(v, dict) else v))}"
+                           f"{_esc(describe(v))}"
                            for k, v in sorted(by_class.items(), key=lambda kv: str(kv[0])))
                        + ".</p>")
     if regret.get("unsplit"):

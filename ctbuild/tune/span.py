@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 from ..bucket_map import MAX_POINTS, Split, layout_class
 from ..dims import Bucket
 from ..space import Config
+from ..waves import apart
 from .choice import TieBand, Timing, choose
 
 #: The most times a bucket is split along each Dim by default (``--refine N``,
@@ -184,7 +185,7 @@ class Span:
             mine = {self.cls(i) for i in g.members}
             for cls in sorted(self._holds(groups, k) & set(raced) - mine):
                 near = sorted(raced[cls], key=lambda i: min(
-                    _apart(self.sizes[i], self.sizes[m]) for m in g.members))[:NEAREST]
+                    apart(self.sizes[i], self.sizes[m]) for m in g.members))[:NEAREST]
                 cfg = self._pick(near, order, g.winner, band)[0]
                 if cfg != g.by_class.get(cls, g.winner):
                     g.by_class[cls] = cfg
@@ -226,11 +227,11 @@ class Span:
         if group.within(band) or len(kinds) < 2:
             return group
         per = {k: self._pick(m, order, default, band) for k, m in sorted(kinds.items())}
-        _, apart, ci = max(per.values(), key=lambda p: p[1])
+        _, worst, ci = max(per.values(), key=lambda p: p[1])
         rep = self.sizes.index(group.point) if group.point else self.top
-        classed = Group(group.members, per[self.cls(rep)][0], apart, group.point,
+        classed = Group(group.members, per[self.cls(rep)][0], worst, group.point,
                         {k: c for k, (c, _, _) in per.items()}, ci)
-        if apart > group.worst_pct + band.percent / 100 or \
+        if worst > group.worst_pct + band.percent / 100 or \
                 self._score([classed], band)[1] >= self._score([group], band)[1]:
             return group
         return classed
@@ -420,8 +421,3 @@ class Span:
         i = self.sizes.index(group.point)
         pct = 100 * self.loss(i, served) if served in self.times[i] else None
         return Split(tuple(sorted(group.point.items())), None if pct is None else round(pct, 3))
-
-
-def _apart(a: dict[str, int], b: dict[str, int]) -> float:
-    """How far apart two sizes of a bucket are: on the log scale, over its Dims."""
-    return math.hypot(*(math.log(a[n] / b[n]) for n in a))

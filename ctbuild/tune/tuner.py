@@ -316,7 +316,7 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str, m:
         refined=None if m.span is None else refined_json(
             [m.span.as_split(g, top.winner) for g in m.groups[:-1]] if top else [],
             settings.max_splits),
-        by_class=_by_class(top), check=m.check, compiled_during_tune=len(compiled),
+        by_class=_by_class(top, m), check=m.check, compiled_during_tune=len(compiled),
         compiles_during_measurement=compiles,
         measure_seconds=round(m.seconds, 3), seconds=round(seconds, 3),
         phase_seconds={k: round(v, 3) for k, v in m.phases.items()},
@@ -347,16 +347,23 @@ def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: st
             choice={"rule": RULE_SPAN, "band": parent.choice["band"] if parent.choice else None,
                     "fastest": min(at.values(), key=lambda t: t.mean_us).config.to_json(),
                     "ties": []},
-            runoff=None, regret=m.span.regret_json(g, g.point), by_class=_by_class(g),
+            runoff=None, regret=m.span.regret_json(g, g.point), by_class=_by_class(g, m),
             refined=None, source="split", phase_seconds={}, measure_seconds=None,
             seconds=None)
 
 
-def _by_class(group: Group | None) -> dict[str, Any] | None:
-    """A record's ``by_class``: each layout class's winner, where the group has them."""
-    if group is None or not group.by_class:
+def _by_class(group: Group | None, m: Measured) -> dict[str, Any] | None:
+    """A record's ``by_class``: each layout class's winner, where the group has them, and
+    the table a class's calls choose their config by (`ctbuild.waves`), where the bucket has
+    one (the same in every record of the bucket: the runtime serves a size alike whichever
+    record holds it), with the config the group would serve that class with."""
+    if group is None:
         return None
-    return {k: {"config": c.to_json()} for k, c in group.by_class.items()}
+    out: dict[str, Any] = {k: {"config": c.to_json()} for k, c in group.by_class.items()}
+    for k, table in m.waves.items():
+        out[k] = {"config": group.by_class.get(k, group.winner).to_json(),
+                  "waves": table.to_json()}
+    return out or None
 
 
 def context_ok() -> bool:

@@ -227,3 +227,33 @@ def test_sizes_of_another_layout_class_get_their_own_winner(runtime_store, monke
     from ctbuild.bucket_map import class_winners
     assert class_winners({"N:n": {"config": [1]}, "N:16": "x", 3: {"config": {}}}, "k") == {}
     assert class_winners({str(i): {"config": {}} for i in range(33)}, "k") == {}
+
+
+def test_a_class_with_a_wave_table_is_served_per_call_by_it(runtime_store, monkeypatch) -> None:
+    """A record whose unaligned sizes have a table (`ctbuild.waves`): each such call is served
+    the finalist the table predicts fastest from the finalists' grids at the call (dyn_add:
+    a block per TILE elements; 1 block at a time, so its waves are its blocks); a multiple of
+    16 the record's winner. `explain` names the class it chose for."""
+    from ctbuild import runtime
+    from ctbuild.dims import concretize
+    from ctbuild.specs import Tensor
+    entry, s = _tune(runtime_store, monkeypatch,
+                     lambda cfg, n: 10.0 * (1 + 0.001 * cfg.occupancy) * (cfg.TILE / 1024))
+    key, rec = next((k, r) for k, r in runtime_store.tuning_records()
+                    if r.get("tuning_key") == s["record"]["tuning_key"])
+    assert rec["config"] == {"TILE": 1024, "occupancy": 2}
+    small, large = {"TILE": 1024, "occupancy": 1}, {"TILE": 2048, "occupancy": 1}
+    rec["by_class"] = {"N:n": {"config": small, "waves": {"slots": 1, "finalists": [
+        small, large], "refs": [{"sizes": {"N": 1025}, "us": [10.0, 10.0], "blocks": [2, 1]},
+                                {"sizes": {"N": 3000}, "us": [30.0, 20.0], "blocks": [3, 2]}]}}}
+    runtime_store.put_tuning(key, rec)
+    _prime(runtime_store, entry.kernel,
+           concretize(entry.kernel.buckets[entry.workload].declared, {"N": 513}))
+    runtime.configure(store=runtime_store, mode="default")
+    # N=1000: one block each; from the refs, TILE=1024 15 us, 2048 20 us. N=2100: three
+    # blocks against two; 45 us against 40 us.
+    for n, want in ((1000, small), (2100, large), (2096, rec["config"])):
+        t = Tensor((n,), "float32")
+        e = entry.kernel.explain(t, t, t, arch="sm_90", gpu=GPU)
+        assert e["config"] == want and e["config_from"] == "record", (n, e)
+        assert e.get("layout_class") == (None if n % 16 == 0 else "N:n"), (n, e)
