@@ -117,12 +117,15 @@ def _fastest_screened(rec: dict[str, Any]) -> str:
 
 
 def same_served(ra: dict[str, Any], rb: dict[str, Any]) -> bool:
-    """Whether two records of a key serve every call alike: the same winner, and the same
-    config for each layout class either gives its own (``by_class``)."""
+    """Whether two records of a key serve every call alike: the same winner, and for each
+    layout class either gives its own (``by_class``) the same config and, where a class's
+    calls choose by waves, the same finalists and blocks at once."""
+    def served(rec: dict[str, Any], cls: str) -> tuple[Any, Any, Any]:
+        entry = (rec.get("by_class") or {}).get(cls) or {}
+        waves = entry.get("waves") or {}
+        return entry.get("config", rec["config"]), waves.get("finalists"), waves.get("slots")
     classes = {**(ra.get("by_class") or {}), **(rb.get("by_class") or {})}
-    return ra["config"] == rb["config"] and all(
-        ((ra.get("by_class") or {}).get(c) or {}).get("config", ra["config"]) ==
-        ((rb.get("by_class") or {}).get(c) or {}).get("config", rb["config"]) for c in classes)
+    return ra["config"] == rb["config"] and all(served(ra, c) == served(rb, c) for c in classes)
 
 
 def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct: float

@@ -94,6 +94,20 @@ def test_a_class_one_config_serves_gets_no_table():
     assert fit(span, groups, blocks, SMS, [cfg(64), cfg(128)], TieBand(2.0)) == {}
 
 
+def test_a_class_whose_nearest_sizes_predict_as_well_unscaled_gets_no_table():
+    """Times that follow S alone (BM=64 30% faster below S=400, BM=128 above), one winner for
+    the bucket: at B=16 the nearest raced sizes predict each held-out size as well unscaled,
+    so waves explain nothing there and the class keeps the split's config; a table is never
+    one that does not scale by waves."""
+    grid = [{"B": b, "S": s} for b in (1, 3, 5, 9, 16) for s in (33, 100, 300, 700, 1023)]
+    sizes = [s for s in grid if s != {"B": 16, "S": 1023}] + [{"B": 16, "S": 1023}]
+    span = _span(sizes, times=lambda c, s: s["S"] * (1.0 if (c["BM"] == 64) == (s["S"] < 400)
+                                                      else 1.3))
+    groups, _ = span.split([cfg(64), cfg(128)], None, TieBand(2.0), limit=0)
+    tables = fit(span, groups, blocks, SMS, [cfg(64), cfg(128)], TieBand(2.0))
+    assert "B:16,S:n" not in tables and all(t.slots for t in tables.values())
+
+
 GOOD = {"slots": 8, "finalists": [{"BM": 64}, {"BM": 128}],
         "refs": [{"sizes": {"B": 1, "S": 250}, "us": [1.0, 1.0], "blocks": [4, 2]},
                  {"sizes": {"B": 1, "S": 130}, "us": [1.0, 2.0], "blocks": [3, 2]}]}
