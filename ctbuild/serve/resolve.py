@@ -425,4 +425,3 @@ def _by_waves(table: WaveTable, sizes: Mapping[str, int], blocks: Callable[[Conf
     except Exception as exc:  # noqa: BLE001 - a user grid function; the class's config serves
         log.debug("ctbuild: %s: no choice by waves: %s", kernel, exc)
         return table.fallback
-

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Callable, Sequence
 
 from ..space import Config
-from ..waves import MAX_FINALISTS, Ref, WaveTable
+from ..waves import MAX_FINALISTS, MAX_REFS, Ref, WaveTable
 from .choice import TieBand
 from .span import Group, Span
 
@@ -48,7 +48,7 @@ def fit(span: Span, groups: Sequence[Group], blocks_at: Callable[[Config, dict[s
 def _fit_class(span: Span, groups: Sequence[Group], idx: list[int],
                blocks_at: Callable[[Config, dict[str, int]], int], sms: int,
                order: Sequence[Config], band: TieBand) -> WaveTable | None:
-    if len(idx) < MIN_SIZES:
+    if not MIN_SIZES <= len(idx) <= MAX_REFS:  # more than a record's reader takes: none
         return None
     common = set.intersection(*(set(span.times[i]) for i in idx))
     near: set[Config] = set()
@@ -76,4 +76,3 @@ def _fit_class(span: Span, groups: Sequence[Group], idx: list[int],
 def _blocks(blocks_at: Callable[[Config, dict[str, int]], int], sizes: dict[str, int],
             config: Config) -> int:
     return blocks_at(config, sizes)
-
