@@ -36,10 +36,17 @@ def fit(span: Span, groups: Sequence[Group], blocks_at: Callable[[Config, dict[s
     classes = {span.cls(i) for i in range(len(span.sizes))}
     if "" in classes:
         return {}
+    known: dict[tuple[Config, tuple[tuple[str, int], ...]], int] = {}
+
+    def blocks(config: Config, sizes: dict[str, int]) -> int:  # each asked for many times
+        key = (config, tuple(sorted(sizes.items())))
+        if key not in known:
+            known[key] = blocks_at(config, sizes)
+        return known[key]
     out = {}
     for cls in sorted(classes):
         idx = [i for i in range(len(span.sizes)) if span.cls(i) == cls]
-        table = _fit_class(span, groups, idx, blocks_at, sms, order, band)
+        table = _fit_class(span, groups, idx, blocks, sms, order, band)
         if table is not None:
             out[cls] = table
     return out
