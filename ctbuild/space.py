@@ -7,6 +7,7 @@ agree on the candidate set without talking to each other.
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 #: Axis names that are cuTile compiler hints rather than kernel arguments: the fields of
@@ -25,7 +26,11 @@ class Config(Mapping[str, Any]):
 
     def __init__(self, values: Mapping[str, Any], owner: str = "") -> None:
         object.__setattr__(self, "_values", dict(values))
-        object.__setattr__(self, "_hash", hash(tuple(sorted(self._values.items()))))
+        try:
+            digest = hash(tuple(sorted(self._values.items())))
+        except TypeError:  # a list or an object as a value: read from a shared cache, no
+            digest = hash(json.dumps(self._values, sort_keys=True, default=repr))  # axis has it
+        object.__setattr__(self, "_hash", digest)
         object.__setattr__(self, "_owner", owner)
 
     def __getattr__(self, name: str) -> Any:

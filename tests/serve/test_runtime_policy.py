@@ -160,8 +160,13 @@ def test_disable_autotune_ignores_records(store: Store, monkeypatch: pytest.Monk
     assert KERNELS["silu_mul"].runtime.provenance()["misses"].get("tuning", 0) == 0
 
 
-def test_stale_record_outside_the_space_is_a_miss(store: Store) -> None:
-    record_for(store, "silu_mul", {"TILE": 333, "occupancy": 2})
+@pytest.mark.parametrize("cfg", [{"TILE": 333, "occupancy": 2},
+                                 {"TILE": [1024], "occupancy": {"a": 2}}])
+def test_stale_record_outside_the_space_is_a_miss(store: Store, cfg: dict) -> None:
+    """A record naming a config the space does not hold (stale, or from a hostile shared
+    cache: values no config has) is a miss, served by the default."""
+    key = record_for(store, "silu_mul", cfg)
+    store.put_tuning(key, {**store.get_tuning(key), "by_class": {"N:n": {"config": cfg}}})
     runtime.configure(store=store, mode="default")
     res = resolve("silu_mul")
     assert res.config_from == "default"
