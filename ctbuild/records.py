@@ -128,12 +128,17 @@ class TuningRecord:
 
     @classmethod
     def from_json(cls, obj: Any) -> TuningRecord:
-        """Read a stored record; `RecordFormatError` if it is not one this ctbuild reads."""
+        """Read a stored record; `RecordFormatError` if it is not one this ctbuild reads (a
+        record from a shared cache whose winner is not a JSON object is not one)."""
         version = _format_of(obj, "tuning record", TUNING_FORMAT)
         try:
-            return cls(**_fields(cls, obj), format=version)
+            record = cls(**_fields(cls, obj), format=version)
         except TypeError as exc:  # a required field is missing
             raise RecordFormatError(f"tuning record: {exc}") from None
+        if record.config is not None and not isinstance(record.config, dict):
+            raise RecordFormatError(f"tuning record: its config is a "
+                                    f"{type(record.config).__name__}, not a JSON object")
+        return record
 
     @property
     def default_config(self) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,10 +162,10 @@ def test_disable_autotune_ignores_records(store: Store, monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("cfg", [{"TILE": 333, "occupancy": 2},
-                                 {"TILE": [1024], "occupancy": {"a": 2}}])
-def test_stale_record_outside_the_space_is_a_miss(store: Store, cfg: dict) -> None:
+                                 {"TILE": [1024], "occupancy": {"a": 2}}, [1, 2], "x", 5, True])
+def test_stale_record_outside_the_space_is_a_miss(store: Store, cfg: Any) -> None:
     """A record naming a config the space does not hold (stale, or from a hostile shared
-    cache: values no config has) is a miss, served by the default."""
+    cache: values no config has, or no config at all) is a miss, served by the default."""
     key = record_for(store, "silu_mul", cfg)
     store.put_tuning(key, {**store.get_tuning(key), "by_class": {"N:n": {"config": cfg}}})
     runtime.configure(store=store, mode="default")
