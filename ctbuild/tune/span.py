@@ -61,7 +61,11 @@ class Group:
 
     def serves(self, span: Span, i: int) -> Config:
         """The config that serves size ``i`` of the group."""
-        return self.by_class.get(span.cls(i), self.winner)
+        return self.for_class(span.cls(i))
+
+    def for_class(self, cls: str) -> Config:
+        """The config that serves the group's sizes of layout class ``cls``."""
+        return self.by_class.get(cls, self.winner)
 
 
 @dataclass
@@ -187,7 +191,7 @@ class Span:
                 near = sorted(raced[cls], key=lambda i: min(
                     apart(self.sizes[i], self.sizes[m]) for m in g.members))[:NEAREST]
                 cfg = self._pick(near, order, g.winner, band)[0]
-                if cfg != g.by_class.get(cls, g.winner):
+                if cfg != g.for_class(cls):
                     g.by_class[cls] = cfg
         return groups
 

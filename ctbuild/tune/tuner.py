@@ -361,7 +361,7 @@ def _by_class(group: Group | None, m: Measured) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {k: {"config": c.to_json()} for k, c in group.by_class.items()}
     for k, table in m.waves.items():
-        out[k] = {"config": group.by_class.get(k, group.winner).to_json(),
+        out[k] = {"config": group.for_class(k).to_json(),
                   "waves": table.to_json()}
     return out or None
 

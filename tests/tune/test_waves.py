@@ -78,7 +78,7 @@ def test_a_span_whose_times_follow_waves_gets_a_table_that_serves_between_its_si
             best = min(seconds(c, size) for c in order)
             group = next(g for g in groups if g.point is None or
                          all(size[n] <= g.point[n] for n in size))
-            served = group.by_class.get(layout_class(size), group.winner)
+            served = group.for_class(layout_class(size))
             lost_split.append(seconds(served, size) / best - 1)
             chosen = table.choose(size, lambda c, size=size: blocks(c, size))
             lost_table.append(seconds(chosen, size) / best - 1)
