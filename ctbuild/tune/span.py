@@ -168,7 +168,7 @@ class Span:
                                   [], ())
         groups = self.borrow([self._by_layout(g, order, default, band) for g in groups],
                              order, default, band)
-        return groups, why if max(g.worst_pct for g in groups) * 100 > band.percent else None
+        return groups, None if all(g.within(band) for g in groups) else why
 
     def borrow(self, groups: list[Group], order: Sequence[Config], default: Config | None,
                band: TieBand) -> list[Group]:
@@ -259,7 +259,7 @@ class Span:
             tries.append(([whole], no) if no else self._nest(
                 groups, why, order, default, band, limit, refuse, others, [*done, name]))
         groups, why = min(tries, key=lambda t: self._score(t[0], band), default=([whole], None))
-        if why is None and max(g.worst_pct for g in groups) * 100 > band.percent:
+        if why is None and not all(g.within(band) for g in groups):
             why = ("the loss left is at sizes no split along one Dim at a time serves apart "
                    f"(split along {', then '.join(self._cut(groups) or done)})"
                    if len(groups) > 1 else

@@ -245,6 +245,21 @@ def test_a_bucket_whose_worst_loss_is_within_its_ci_of_the_band_is_served_whole(
         assert (g.winner, g.by_class, why) == (cfg(64), classes, None), ci
 
 
+def test_a_split_whose_parts_are_within_their_cis_of_the_band_says_nothing_is_left():
+    """TILE=64 is 30% faster at S=16 only; 128 serves the rest, 2.5% behind at S=64 timed to
+    within 1.2%: inside the band by its CI, as the split judged it. The split leaves no loss
+    to explain, so the bucket gives no reason for not splitting further."""
+    one = Workload({"X": Tensor((Dim("S", 16, 1024), 64), "float16")})
+    [b] = [b for b in buckets(one) if b.to_json() == {"S": 1024}]
+    rows = {16: (10, 13), 64: (10, 10.25), 256: (13, 10), 1024: (13, 10)}
+    sizes = [{"S": n} for n in rows]
+    span = Span(b, sizes, [{cfg(64): Timing(cfg(64), a, 0.12, 5),
+                            cfg(128): Timing(cfg(128), c, 0.12, 5)} for a, c in rows.values()])
+    groups, why = span.split([cfg(64), cfg(128)], None, TieBand(2.0), limit=3)
+    assert [(g.winner, g.point) for g in groups] == [(cfg(64), {"S": 16}), (cfg(128), None)]
+    assert round(100 * groups[-1].worst_pct, 1) == 2.5 and why is None
+
+
 def test_class_winners_serve_where_one_class_keeps_its_loss():
     """TILE=64 loses 10% at S=33 (no config serves both unaligned sizes within the band) and
     5% at the multiples of 16, where 128 loses nothing. The bucket cannot be split (its key
