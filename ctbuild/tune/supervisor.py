@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from .claims import Claims
 from .gate import Gate
 from .race import SPAN_BUDGET
 from .session import Entry, TuneOptions, summarize
-from .warm import hand
+from .warm import hand, session_process
 
 
 def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entry],
@@ -59,9 +58,8 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
                     "supervisor": os.getpid()}
             spec_path = Path(tmp) / f"spec-{run.restarts}.json"
             spec_path.write_text(json.dumps(spec))
-            proc = warm if warm is not None and hand(warm, spec_path) else subprocess.Popen(
-                [sys.executable, "-m", "ctbuild.tune.session", str(spec_path)],
-                stdout=sys.stderr, env={**os.environ, **(env or {})})
+            proc = warm if warm is not None and hand(warm, spec_path) else \
+                session_process(str(spec_path), env)
             warm = None
             watch = run.follow(proc, events_path, per_entry)
             run.drop_claimed_elsewhere()

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 #: Where the NVIDIA driver lists this machine's GPUs (``--gpus all`` counts them there).
 DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
@@ -70,9 +70,7 @@ class WarmLanes:
         self._procs: list[tuple[dict[str, str] | None, subprocess.Popen]] = []
         for env in envs:
             try:
-                self._procs.append((env, subprocess.Popen(
-                    [sys.executable, "-m", "ctbuild.tune.session", "--warm"],
-                    stdin=subprocess.PIPE, stdout=sys.stderr, env={**os.environ, **(env or {})})))
+                self._procs.append((env, session_process("--warm", env, stdin=subprocess.PIPE)))
             except OSError:  # no process to spare: the lane starts its own, as before
                 break
 
@@ -91,6 +89,13 @@ class WarmLanes:
             proc.wait()
             proc.stdin.close()  # type: ignore[union-attr]
         self._procs.clear()
+
+
+def session_process(arg: str, env: Mapping[str, str] | None, **popen: Any) -> subprocess.Popen:
+    """A measuring process, ``python -m ctbuild.tune.session ARG`` (a spec's path, or
+    ``--warm``), with ``env`` added to this process's environment and its output on stderr."""
+    return subprocess.Popen([sys.executable, "-m", "ctbuild.tune.session", arg],
+                            stdout=sys.stderr, env={**os.environ, **(env or {})}, **popen)
 
 
 def hand(proc: subprocess.Popen, spec_path: Path) -> bool:
