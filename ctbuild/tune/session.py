@@ -118,9 +118,13 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
     out: list[dict[str, Any]] = []
     ahead = _CompileAhead(store, opts, device, fp)
 
-    def existing(e: Entry) -> TuningRecord | None:
-        return None if opts.retune else stored_tuning(store, record_key(e.kernel, e.workload,
-                                                                        device, fp))
+    known: dict[int, TuningRecord | None] = {}
+
+    def existing(e: Entry) -> TuningRecord | None:  # read once: --compile-missing asks first
+        if e.index not in known:
+            known[e.index] = None if opts.retune else stored_tuning(
+                store, record_key(e.kernel, e.workload, device, fp))
+        return known[e.index]
     if claims is None and opts.compile_missing:
         ahead.submit([e for e in entries if existing(e) is None])
     try:
