@@ -164,3 +164,7 @@ def test_a_written_table_reads_back_with_its_class_config_as_fallback():
     assert describe({"config": {}, "waves": GOOD}) == (
         " (each call: the fastest of 2 finalists at the nearest raced sizes, scaled by its "
         "waves of 8 blocks)")
+    unscaled = read_table({**GOOD, "slots": None}, "k", ["B", "S"], cfg(128))
+    assert unscaled is not None and unscaled.slots is None
+    assert describe({"config": {}, "waves": {**GOOD, "slots": None}}) == (
+        " (each call: the fastest of 2 finalists at the nearest raced sizes)")
