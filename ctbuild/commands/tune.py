@@ -8,7 +8,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..bucket_map import MAX_SPLITS
 from ..tune.choice import TieBand, TieBandError
@@ -396,9 +396,12 @@ def check_identity(project: Any, kernels: list, arch: str, fp: str,
     from ..arch import Arch
     from ..compile.ir_check import check_cached
     from ..compile.plan import make_plan
-    plan = make_plan(kernels, [Arch(arch)], fp, project.cap, recorded)
+
+    def jobs() -> Iterator[dict[str, Any]]:  # planned only where something is unverified
+        yield from (j.to_json() for j in make_plan(kernels, [Arch(arch)], fp, project.cap,
+                                                   recorded).jobs.values())
     check_cached(project.cache_dir, project.modules, [str(p) for p in project.paths], fp,
-                 [j.to_json() for j in plan.jobs.values()], workers)
+                 jobs(), workers, settled=(arch, {(k.module, k.name) for k in kernels}))
 
 
 def _verify_line(v: dict[str, Any]) -> str:

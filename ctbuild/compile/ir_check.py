@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Collection, Iterable, Sequence
 
 import xxhash
 
@@ -246,6 +246,23 @@ class IrGuard:
         report.seconds = time.perf_counter() - started
         return report
 
+    def settled(self, store: Any, arch: str, kernels: Collection[tuple[str, str]]) -> bool:
+        """Whether every entry ``store`` holds of ``kernels`` ((module, kernel) pairs) for
+        ``arch`` under this toolchain is one this memo verified under these sources: then
+        `check` has nothing to do on any plan of them. A tune asks before it plans: planning
+        its jobs (cuTile's name mangling for every candidate) was most of its check, about a
+        second of its start on an H200 host, spent to find nothing to derive."""
+        fp = self.setup.toolchain
+        for key, meta in store.compile_entries():
+            if _kernel_of(meta) not in kernels or meta.get("arch", arch) != arch or \
+                    meta.get("toolchain", fp) != fp:  # one saying nothing must be verified
+                continue
+            digest = _recorded(meta)
+            memo = self._memo_value(meta, digest) if digest is not None else None
+            if memo is None or self.verified.get(key) != memo:
+                return False
+        return True
+
     def _compare(self, job: dict[str, Any], recorded: str, found: dict[str, Any],
                  report: IrCheck) -> None:
         if found.get("stale"):
@@ -315,17 +332,24 @@ def _recorded(meta: dict[str, Any]) -> str | None:
 
 def check_cached(cache_dir: Path, modules: Sequence[str], paths: Sequence[str],
                  toolchain_fp: str, jobs: Iterable[dict[str, Any]], workers: int | None,
-                 bytecode_version: str | None = None) -> tuple[IrGuard, IrCheck]:
+                 bytecode_version: str | None = None,
+                 settled: tuple[str, Collection[tuple[str, str]]] | None = None
+                 ) -> tuple[IrGuard, IrCheck]:
     """The check ``precompile`` and ``tune`` run on the cached entries they rely on (``jobs``:
     `CompileJob` JSON): warnings on stderr, mismatched entries removed so the caller compiles
     them again as missing. ``bytecode_version`` None: the one the cache's profile of
-    ``toolchain_fp`` records (a tuning node needs no tileiras for it). Afterwards a build hands
-    the keys it compiled to `remember_build`."""
+    ``toolchain_fp`` records (a tuning node needs no tileiras for it). ``settled`` (an arch,
+    (module, kernel) pairs): nothing is checked, and ``jobs`` is never iterated, where every
+    entry of those kernels for that arch is verified under these sources (`IrGuard.settled`):
+    ``tune`` passes its plan lazily, so it plans nothing where nothing changed. Afterwards a
+    build hands the keys it compiled to `remember_build`."""
     from ctbuild.cache import Store
     with Store(cache_dir, readonly=False) as store:
         if bytecode_version is None:
             bytecode_version = (store.get_toolchain(toolchain_fp) or {}).get("bytecode_version")
         guard = IrGuard(cache_dir, modules, paths, toolchain_fp, bytecode_version)
+        if settled is not None and guard.settled(store, *settled):
+            return guard, IrCheck()
         report = guard.check(store, jobs, workers)
     for line in report.warnings():
         print(line, file=sys.stderr)

@@ -376,6 +376,53 @@ def test_a_check_started_from_another_entry_point_uses_the_builds_memo(
     assert got == {"derived": 0, "remembered": first["jobs"], "relied_on": first["jobs"]}
 
 
+#: `ctbuild tune`'s check (`ctbuild.commands.tune.check_identity`) on a cache, with a plan that
+#: counts whether it was made: prints what the check found and whether it planned.
+TUNE_CHECK = r'''
+import json, sys
+import ctbuild.compile.plan as plan
+from ctbuild.commands.tune import check_identity
+from ctbuild.project import load_project
+from ctbuild.cache import Store
+if __name__ == "__main__":
+    planned, make = [], plan.make_plan
+    plan.make_plan = lambda *a, **k: planned.append(1) or make(*a, **k)
+    project = load_project(sys.argv[1], cache_dir=sys.argv[2])
+    fp = next(iter(Store(sys.argv[2]).toolchains()))
+    check_identity(project, project.kernels(), "sm_90", fp, {}, 1)
+    with Store(sys.argv[2]) as store:
+        keys = [k for k, _ in store.compile_entries()]
+    print(json.dumps({"planned": len(planned), "entries": len(keys)}))
+'''
+
+
+def test_a_tune_plans_nothing_where_every_entry_is_verified(two_builds: dict,
+                                                            tmp_path: Path) -> None:
+    """After a build every entry is verified under these sources: a tune's check makes no
+    plan (cuTile's name mangling for every candidate: about a second of a tune's start). One
+    entry whose recorded TileIR the memo has not verified (here: planted) makes it plan,
+    check and remove that entry, as before."""
+    config, cache_b, first = two_builds["b"]
+    cache = tmp_path / "cache"
+    shutil.copytree(cache_b, cache)
+    script = tmp_path / "tune_check.py"
+    script.write_text(TUNE_CHECK)
+
+    def check() -> dict:
+        proc = subprocess.run([sys.executable, str(script), str(config), str(cache)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return {**json.loads(proc.stdout), "stderr": proc.stderr}
+    clean = check()
+    assert (clean["planned"], clean["entries"]) == (0, first["jobs"])
+    with Store(cache) as store:
+        key, meta = next((k, m) for k, m in store.compile_entries() if m.get("kernel") == "idk")
+        _replant(store, key, {**meta, "tileir": "0" * 32})
+    planted = check()
+    assert (planted["planned"], planted["entries"]) == (1, first["jobs"] - 1)
+    assert "fingerprint hole" in planted["stderr"] and key[:16] in planted["stderr"]
+
+
 def test_ir_check_memo_never_trusts_a_bad_file(tmp_path: Path) -> None:
     """A damaged, foreign or oversized memo is a memo of nothing (every entry is derived
     again), and remembering writes a fresh one; a remembered digest only counts for the
