@@ -170,8 +170,12 @@ def weakened(signature: KernelSignature, weakening: Weakening) -> KernelSignatur
 
 def weaken(signature: KernelSignature, weakening: Weakening, function_name: str
            ) -> KernelSignature:
-    """`weakened`, with the symbol its CUBIN's kernel has (mangled from ``function_name``)."""
-    return weakened(signature, weakening).with_mangled_symbol(function_name)
+    """`weakened`, with the symbol its CUBIN's kernel has (mangled from ``function_name``,
+    as the runtime names it: `cutile.mangled_symbol`, without cuTile's check that the name
+    demangles back, which was 85% of the mangling and most of a plan's time)."""
+    from .cutile import mangled_symbol
+    weak = weakened(signature, weakening)
+    return weak.with_symbol(mangled_symbol(weak, function_name))
 
 
 def lattice(patterns: Sequence[ParamDynamics]) -> list[Weakening]:

@@ -108,8 +108,8 @@ def job_and_signature(kernel: TunedKernel, cfg: Config, w: Workload, arch: str,
     workload's own signature, or the one ``weakening`` derives from it (a signature class)."""
     try:
         kernel_args = kernel.kernel_args(cfg, w)
-        signature = weaken(derive_signature(kernel.kernel, kernel_args), weakening,
-                           kernel.pyfunc.__name__)
+        signature = weaken(derive_signature(kernel.kernel, kernel_args, mangled=False),
+                           weakening, kernel.pyfunc.__name__)
         kernel.resolved_hints(cfg, arch)
         grid = kernel.grid(cfg, w, nominal_device(arch, devices))
     except UnknownAxisError as exc:
