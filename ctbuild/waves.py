@@ -65,6 +65,14 @@ class WaveTable:
             return sum(r.times[k] * here / _waves(r.blocks[k], self.slots) for r in near)
         return self.finalists[min(range(len(self.finalists)), key=predicted)]
 
+    def chosen_at(self, sizes: Mapping[str, int]) -> Config | None:
+        """The finalist chosen at one of the table's raced sizes (each finalist's blocks there
+        are its ref's), as a call of those sizes is served; None at any other size."""
+        ref = next((r for r in self.refs if r.sizes == dict(sizes)), None)
+        if ref is None:
+            return None
+        return self.choose(sizes, lambda c: ref.blocks[self.finalists.index(c)])
+
     def without(self, i: int) -> WaveTable:
         """This table less its ``i``-th raced size (to judge it there, held out)."""
         return WaveTable(self.finalists, self.refs[:i] + self.refs[i + 1:], self.slots,

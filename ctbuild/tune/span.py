@@ -23,12 +23,12 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..bucket_map import MAX_POINTS, Split, layout_class
 from ..dims import Bucket
 from ..space import Config
-from ..waves import apart
+from ..waves import WaveTable, apart
 from .choice import TieBand, Timing, choose
 
 #: The most times a bucket is split along each Dim by default (``--refine N``,
@@ -389,16 +389,18 @@ class Span:
         return all(min((w - slack * ci for w, ci in self.worst_ci(m).values()), default=1.0)
                    * 100 <= band.percent for m in kinds.values())
 
-    def regret_json(self, group: Group, bucket: dict[str, int], unsplit: str | None = None
-                    ) -> dict[str, Any]:
+    def regret_json(self, group: Group, bucket: dict[str, int], unsplit: str | None = None,
+                    tables: Mapping[str, WaveTable] | None = None) -> dict[str, Any]:
         """The record's ``regret`` entry of a group's winner: its loss at each of the group's
         sizes (its own point, where it was chosen, included; a size of a layout class with its
-        own winner at that winner's), the worst, every config's worst loss over those sizes
-        (what the choice was made on), and why the bucket was not split further
-        (``unsplit``)."""
+        own winner at that winner's, or with a wave table in ``tables`` at the finalist its
+        table chooses there, as a call of that size is served), the worst, every config's
+        worst loss over those sizes (what the choice was made on), and why the bucket was not
+        split further (``unsplit``)."""
         rows: list[dict[str, Any]] = []
         for i in group.members:
-            served = group.serves(self, i)
+            table = (tables or {}).get(self.cls(i))
+            served = (table.chosen_at(self.sizes[i]) if table else None) or group.serves(self, i)
             if served not in self.times[i]:
                 continue
             fastest = min(self.times[i].values(), key=lambda t: t.mean_us)

@@ -312,7 +312,7 @@ def _record(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: str, m:
         runoff=None if decision is None or decision.runoff is None else {
             **decision.runoff.to_json(), "budget": settings.budget.to_json()},
         regret=None if m.span is None or top is None else m.span.regret_json(
-            top, m.span.bucket.to_json(), m.unsplit),
+            top, m.span.bucket.to_json(), m.unsplit, m.waves),
         refined=None if m.span is None else refined_json(
             [m.span.as_split(g, top.winner) for g in m.groups[:-1]] if top else [],
             settings.max_splits),
@@ -347,7 +347,8 @@ def _sub_records(tuned: TunedKernel, plan: CandidatePlan, device: Device, fp: st
             choice={"rule": RULE_SPAN, "band": parent.choice["band"] if parent.choice else None,
                     "fastest": min(at.values(), key=lambda t: t.mean_us).config.to_json(),
                     "ties": []},
-            runoff=None, regret=m.span.regret_json(g, g.point), by_class=_by_class(g, m),
+            runoff=None, regret=m.span.regret_json(g, g.point, tables=m.waves),
+            by_class=_by_class(g, m),
             refined=None, source="split", phase_seconds={}, measure_seconds=None,
             seconds=None)
 

@@ -84,6 +84,11 @@ def test_a_span_whose_times_follow_waves_gets_a_table_that_serves_between_its_si
             chosen = table.choose(size, lambda c, size=size: blocks(c, size))
             lost_table.append(seconds(chosen, size) / best - 1)
     assert len(lost_table) > 300 and max(lost_split) > 0.3 and max(lost_table) == 0
+    # the record's loss at each raced size is what a call of that size is served with
+    def lost(tables: dict[str, WaveTable]) -> list[float]:
+        return [r["regret_pct"] for g in groups for r in span.regret_json(g, {}, None, tables)
+                ["sizes"] if r["layout_class"] == "B:n,S:n"]
+    assert max(lost({})) > 30 and max(lost({"B:n,S:n": table})) == 0
 
 
 def test_a_class_one_config_serves_gets_no_table():
