@@ -99,4 +99,9 @@ class CompilePool:
                 yield k
 
     def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        """Cancel what has not started and wait for the workers to end (a compile under way
+        ends first, within its timeout). Without the wait a measuring process that skips its
+        teardown (`ctbuild.tune.session`) left them blocked forever on a queue it held, and
+        holding its stderr: `ctbuild tune --compile-missing` never ended for a caller reading
+        its output."""
+        self.executor.shutdown(wait=True, cancel_futures=True)
