@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
@@ -17,12 +19,26 @@ if TYPE_CHECKING:
 
     from .plan import CompileJob
 
+#: How often a compile worker looks whether the process that started it is still there.
+PARENT_POLL_S = 0.25
 
-def _pool_init(paths: list[str]) -> None:
+
+def _pool_init(paths: list[str], parent: int) -> None:
     for p in reversed(paths):
         if p not in sys.path:
             sys.path.insert(0, p)
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # compile workers never touch the GPU
+    threading.Thread(target=_leave_with, args=(parent,), daemon=True).start()
+
+
+def _leave_with(parent: int) -> None:
+    """End this worker once the process that started it is gone. A measuring process skips
+    its interpreter's teardown (`ctbuild.tune.session`) and a supervisor kills a stuck one:
+    its workers, blocked on a queue whose every end they hold, then lived on for ever holding
+    its stderr, and ``ctbuild tune --compile-missing`` never ended for a caller reading it."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
 
 
 def _pool_compile(job: dict[str, Any], timeout_sec: float | None) -> dict[str, Any]:
@@ -45,7 +61,7 @@ class CompilePool:
         n = workers or max(1, min(16, (os.cpu_count() or 2) - 1))
         self.executor = ProcessPoolExecutor(
             max_workers=n, mp_context=mp.get_context("spawn"), initializer=_pool_init,
-            initargs=([str(p) for p in paths] or list(sys.path[:1]),))
+            initargs=([str(p) for p in paths] or list(sys.path[:1]), os.getpid()))
         self.futures: dict[str, Future] = {}
         self.errors: dict[str, str] = {}
         self.compiled: set[str] = set()
@@ -99,9 +115,6 @@ class CompilePool:
                 yield k
 
     def close(self) -> None:
-        """Cancel what has not started and wait for the workers to end (a compile under way
-        ends first, within its timeout). Without the wait a measuring process that skips its
-        teardown (`ctbuild.tune.session`) left them blocked forever on a queue it held, and
-        holding its stderr: `ctbuild tune --compile-missing` never ended for a caller reading
-        its output."""
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        """Cancel what has not started; the workers end after what they compile (or with this
+        process: `_leave_with`)."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
