@@ -400,7 +400,8 @@ class Span:
         rows: list[dict[str, Any]] = []
         for i in group.members:
             table = (tables or {}).get(self.cls(i))
-            served = (table.chosen_at(self.sizes[i]) if table else None) or group.serves(self, i)
+            chosen = table.chosen_at(self.sizes[i]) if table is not None else None
+            served = chosen if chosen is not None else group.serves(self, i)
             if served not in self.times[i]:
                 continue
             fastest = min(self.times[i].values(), key=lambda t: t.mean_us)

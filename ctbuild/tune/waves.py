@@ -13,7 +13,8 @@ held-out loss is below the split's at the same sizes, on the mean and by a band 
 (its configs were chosen on those very sizes, so a held-out prediction that still beats them
 is the better guess between them). Replayed on two H200 tunes, attention over ``BH x S``
 served 150 drawn sizes with p95 9.6% -> 6.5% and max 47.6% -> 15.6% (another tune's: p95
-3.0% -> 1.9%, max 48.0% -> 13.9%); no other kernel got a table.
+3.0% -> 1.9%, max 48.0% -> 13.9%); no other kernel got a table there (one tune of another
+pair fitted one to a GEMM class).
 """
 from __future__ import annotations
 
