@@ -39,6 +39,14 @@ DEFAULT_SPLITS = 3
 NEAREST = 2
 
 
+def within(worst: float, ci: float, band: TieBand) -> bool:
+    """Whether a worst loss (a fraction) is within the band, or its 95% CI half-width ``ci``
+    reaches into it (as a time within its CI of the fastest ties with it): a group at the
+    band's edge is split or given class winners on noise, and two tunes then serve it
+    differently (`benchmarks/tune_reproducibility.py`)."""
+    return worst - (ci if band.ci_overlap else 0.0) <= band.percent / 100
+
+
 @dataclass
 class Group:
     """Consecutive sizes of a bucket that one config serves: indices into `Span.sizes`, the
@@ -53,11 +61,8 @@ class Group:
     ci: float = 0.0
 
     def within(self, band: TieBand) -> bool:
-        """Whether its worst loss is within the band, or its CI reaches into it (as a time
-        within its CI of the fastest ties with it): a group at the band's edge is split or
-        given class winners on noise, and two tunes then serve it differently
-        (`benchmarks/tune_reproducibility.py`)."""
-        return self.worst_pct - (self.ci if band.ci_overlap else 0.0) <= band.percent / 100
+        """Whether its worst loss is within the band (`within`)."""
+        return within(self.worst_pct, self.ci, band)
 
     def serves(self, span: Span, i: int) -> Config:
         """The config that serves size ``i`` of the group."""
@@ -378,16 +383,15 @@ class Span:
         return [self._by_layout(g, order, default, band) for g in groups]
 
     def _served(self, members: list[int], band: TieBand) -> bool:
-        """Whether one config serves ``members`` within the band (`Group.within`), or one
-        per layout class where each class has two sizes at least (a winner chosen at one size
-        of its class served the sizes between worse: `benchmarks/bucket_regret.py
+        """Whether one config serves ``members`` within the band (`within`), or one per
+        layout class where each class has two sizes at least (a winner chosen at one size of
+        its class served the sizes between worse: `benchmarks/bucket_regret.py
         --measure`)."""
         kinds = self._kinds(members)
         if not kinds or min(map(len, kinds.values())) < 2:
             kinds = {"": members}
-        slack = 1.0 if band.ci_overlap else 0.0
-        return all(min((w - slack * ci for w, ci in self.worst_ci(m).values()), default=1.0)
-                   * 100 <= band.percent for m in kinds.values())
+        return all(any(within(w, ci, band) for w, ci in self.worst_ci(m).values())
+                   for m in kinds.values())
 
     def regret_json(self, group: Group, bucket: dict[str, int], unsplit: str | None = None,
                     tables: Mapping[str, WaveTable] | None = None) -> dict[str, Any]:

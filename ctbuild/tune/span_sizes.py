@@ -21,7 +21,6 @@ MAX_PER_DIM = (7, 4)
 MAX_GRID = 64
 
 
-
 def dim_points(lo: int, hi: int, most: int = MAX_PER_DIM[0]) -> list[int]:
     """The sizes below ``hi`` to race along one Dim: its lower bound; powers of two in between
     and the size one above each, where a power-of-two tile goes from filled exactly to almost

@@ -1,9 +1,9 @@
 """A bucket's `ctbuild.waves.WaveTable`s, fitted to the times its span raced.
 
 A layout class gets a table only where the split leaves it a loss the band does not cover
-(`Group.within` of the class's sizes in each group, CI included): a class the split serves
-within the band keeps its config, so two tunes do not serve it by tables fitted on noise
-(on two H200 tunes the earlier rule fitted tables on tiny kernels' 2-3% losses, and the two
+(`ctbuild.tune.span.within` of the class's sizes in each group, CI included): a class the
+split serves within the band keeps its config, so two tunes do not serve it by tables fitted
+on noise (on two H200 tunes the earlier rule fitted tables on tiny kernels' 2-3% losses, and the two
 tunes' tables differed). Its finalists are the configs timed at all of its raced sizes and
 within the band of the fastest at one. Each way to predict a held-out raced size from the
 others is judged by leaving each size out: the nearest sizes' times alone, or scaled by each
@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from ..space import Config
 from ..waves import MAX_FINALISTS, MAX_REFS, Ref, WaveTable
 from .choice import TieBand
-from .span import Group, Span
+from .span import Group, Span, within
 
 #: The blocks per SM the GPU may hold at once, tried for each class.
 PER_SM = (1, 2, 3, 4)
@@ -90,14 +90,13 @@ def _fit_class(span: Span, groups: Sequence[Group], idx: list[int],
 
 def _short(span: Span, groups: Sequence[Group], idx: list[int], band: TieBand) -> bool:
     """Whether some group serves its sizes among the class's ``idx`` with a worst loss beyond
-    the band, its CI included (`Group.within`)."""
+    the band, its CI included (`ctbuild.tune.span.within`)."""
     for g in groups:
         mine = [i for i in g.members if i in idx]
         if not mine:
             continue
-        config = g.for_class(span.cls(mine[0]))
-        worst = span.worst_ci(mine).get(config)
-        if worst is not None and not Group(mine, config, worst[0], ci=worst[1]).within(band):
+        worst = span.worst_ci(mine).get(g.for_class(span.cls(mine[0])))
+        if worst is not None and not within(*worst, band):
             return True
     return False
 
