@@ -41,6 +41,9 @@ for p in (str(ROOT), str(ROOT / "tests")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from ctbuild.space import Config  # noqa: E402
+from ctbuild.tune.choice import TieBand, Timing, ties_with  # noqa: E402
+
 DEFAULT_CONFIGS = [ROOT / "benchmarks" / "kernels" / "tune_all.toml"]
 
 
@@ -94,9 +97,9 @@ def _time_in(rec: dict[str, Any], cfg: dict[str, Any], other: dict[str, Any]
 def _span_tie(rec: dict[str, Any], cfg: dict[str, Any], band_pct: float
               ) -> tuple[float, bool] | None:
     """(how much worse ``cfg``'s worst loss over the bucket's sizes is than the winner's, in
-    ``rec``'s data; whether it is in the record's tie set: the tie rule ties it with the
-    smallest worst loss, within the band or their CIs overlapping where the record has
-    them), for a bucket record (None: not one)."""
+    ``rec``'s data; whether it is in the record's tie set: the tie rule (`ties_with`) ties it
+    with the smallest worst loss, with their CIs where the record has them), for a bucket
+    record (None: not one)."""
     regret = rec.get("regret") or {}
     worst = {json.dumps(t["config"], sort_keys=True): (t["worst_pct"], t.get("ci_pct") or 0.0)
              for t in regret.get("worst") or []}
@@ -106,9 +109,8 @@ def _span_tie(rec: dict[str, Any], cfg: dict[str, Any], band_pct: float
         return None
     best = min(worst.values())
     pct = 100 * ((1 + mine[0] / 100) / (1 + own[0] / 100) - 1)
-    tied = 1 + mine[0] / 100 <= (1 + best[0] / 100) * (1 + band_pct / 100) or \
-        mine[0] - mine[1] <= best[0] + best[1]
-    return pct, tied
+    as_time = [Timing(Config({}), 1 + w / 100, ci / 100, 1) for w, ci in (mine, best)]
+    return pct, ties_with(*as_time, TieBand(band_pct))
 
 
 def _fastest_screened(rec: dict[str, Any]) -> str:

@@ -3,8 +3,10 @@
 Candidates whose times are within noise of each other are not ranked by that noise: they are
 *ties*, and among ties the choice is fixed in advance. A candidate ties with the fastest when
 its mean is within the band (default 2%) of the fastest mean, or when their 95% confidence
-intervals overlap. Among the ties the declared default config wins if it is one of them, else
-the first of them in the declared search-space order. So a rebuild on the same GPU model picks
+intervals overlap within twice the band (a CI widens the band by the band at most: a
+candidate timed on two samples must not tie a loss of 20%). Among the ties the declared
+default config wins if it is one of them, else the first of them in the declared
+search-space order. So a rebuild on the same GPU model picks
 the same winner unless a candidate's true speed sits at the band's edge, and a winner that
 differs between two tunes is never more than the band slower than the other's.
 
@@ -89,10 +91,13 @@ class Choice:
 
 
 def ties_with(t: Timing, fastest: Timing, band: TieBand) -> bool:
-    """Whether ``t`` is within the band of ``fastest`` (or their CIs overlap)."""
+    """Whether ``t`` is within the band of ``fastest``, or their CIs overlap within twice
+    the band: a CI wider than the band widens it by the band at most, as a candidate timed
+    on two samples (a race's size that ended on its budget) must not tie a 20% loss."""
     if t.mean_us <= fastest.mean_us * band.factor:
         return True
-    return band.ci_overlap and t.mean_us - t.ci_us <= fastest.mean_us + fastest.ci_us
+    reach = min(t.ci_us + fastest.ci_us, fastest.mean_us * band.percent / 100)
+    return band.ci_overlap and t.mean_us <= fastest.mean_us * band.factor + reach
 
 
 def choose(timings: Sequence[Timing], order: Sequence[Config], default: Config | None,

@@ -51,6 +51,9 @@ def test_tie_rule_default_then_space_order_then_fastest():
     # a CI that overlaps the fastest's is a tie too, even beyond the band
     wide = [timing(128, 104, 4.0), timing(512, 100)]
     assert choose(wide, SPACE, None, band).winner.config == cfg(128)
+    # but at most twice the band: two samples of a config 20% behind do not tie with it
+    noisy = [timing(128, 120, 25.0), timing(512, 100)]
+    assert choose(noisy, SPACE, None, band).winner.config == cfg(512)
     alone = [timing(64, 130), timing(512, 100)]
     assert choose(alone, SPACE, cfg(64), band).rule == RULE_FASTEST
 
@@ -243,6 +246,21 @@ def test_a_bucket_whose_worst_loss_is_within_its_ci_of_the_band_is_served_whole(
         span = Span(b, sizes, times, classes=[layout_class(s) for s in sizes])
         [g], why = span.split(order, cfg(64), band, limit=3)
         assert (g.winner, g.by_class, why) == (cfg(64), classes, None), ci
+
+
+def test_a_loss_far_beyond_the_band_is_split_however_wide_its_ci():
+    """TILE=64 is 15% behind at the lower sizes, 128 as far behind at the top; timed on two
+    samples each (CIs of 20%, a race that ended on its budget). A CI widens the band by the
+    band at most: the bucket is split, where a CI that excused any loss served it whole."""
+    one = Workload({"X": Tensor((Dim("S", 16, 1024), 64), "float16")})
+    [b] = [b for b in buckets(one) if b.to_json() == {"S": 1024}]
+    rows = {16: (11.5, 10), 64: (11.5, 10), 256: (10, 11.5), 1024: (10, 11.5)}
+    span = Span(b, [{"S": n} for n in rows], [{cfg(64): Timing(cfg(64), a, 2.0, 2),
+                                               cfg(128): Timing(cfg(128), c, 2.0, 2)}
+                                              for a, c in rows.values()])
+    groups, why = span.split([cfg(64), cfg(128)], cfg(64), TieBand(2.0), limit=3)
+    assert [(g.winner, g.point) for g in groups] == [(cfg(128), {"S": 64}), (cfg(64), None)]
+    assert why is None
 
 
 def test_a_split_whose_parts_are_within_their_cis_of_the_band_says_nothing_is_left():
