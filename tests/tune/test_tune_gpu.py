@@ -58,9 +58,23 @@ def examples_cache(tmp_path_factory):
         landed = list(pool.arrivals(plan.jobs))
     finally:
         pool.close()
+        store.close()  # not left to the GC: closing the last connection removes sqlite's WAL
+        # files, and a collection during a later test's copy of this directory failed it
     assert not pool.errors, pool.errors
     assert len(landed) == len(plan.jobs)
     return path
+
+
+def _copy(cache: Path, to: Path) -> Path:
+    """A copy of ``cache``, made while a connection of this process holds it open: a Store
+    of an earlier test closed by the GC mid-copy was the last connection, and sqlite removed
+    its WAL files under ``copytree``."""
+    import shutil
+
+    from ctbuild.cache import Store
+    with Store(cache):
+        shutil.copytree(cache, to)
+    return to
 
 
 @pytest.fixture(scope="module")
@@ -206,11 +220,8 @@ def test_two_measuring_processes_on_one_gpu_record_one_fleet_winner(examples_tun
     the keys are split between them; a key whose race ran out of budget (a finalist at the
     band's edge: a band of 0.1% makes some) is measured by both and its record holds the winner
     decided on their median with both processes' times; a decided key is measured once."""
-    import shutil
-
     from ctbuild.cache import Store
-    cache = tmp_path / "cache"
-    shutil.copytree(examples_cache, cache)
+    cache = _copy(examples_cache, tmp_path / "cache")
     r = run_cli("tune", "--config", str(EXAMPLES / "ctbuild.toml"), "--cache", str(cache),
                 "--json", "--retune", "--gpus", "0,0", "--kernel", "silu_mul,rmsnorm",
                 "--tie-band", "0.1")
@@ -256,11 +267,8 @@ def test_a_stale_entry_is_never_measured_though_the_lane_starts_during_the_check
     """One matmul candidate's cached CUBIN records TileIR these sources do not give (a
     fingerprint hole). The measuring process starts while the identity check runs, and waits
     for it: the entry is removed first, so that candidate is reported missing, never timed."""
-    import shutil
-
     from ctbuild.cache import Store
-    cache = tmp_path / "cache"
-    shutil.copytree(examples_cache, cache)
+    cache = _copy(examples_cache, tmp_path / "cache")
     with Store(cache) as store:
         entries = dict(store.compile_entries())
         stale = next(k for k, m in entries.items() if m["kernel"] == "matmul")
