@@ -28,6 +28,9 @@ def _decode_workload(batch: int, kv_heads: int, group: int, dim: int, pages: int
                          w.Q.shape[1] // w.K_CACHE.shape[2], cfg.SPLITS),
     default={"SPLITS": 8, "occupancy": 1},
     workloads=[_decode_workload(32, 8, 4, 128, 4096, 16, "bfloat16")],
+    # contexts of up to 256 pages of 16 tokens, through any of the cache's 4096 pages: by the
+    # default rule for integers the lengths would be 1..7 tokens (empty contexts)
+    inputs={"SEQ_LENS": (1, 256 * 16), "BLOCK_TABLE": (0, 4095)},
 )
 @ct.kernel
 def paged_decode(Q, K_CACHE, V_CACHE, BLOCK_TABLE, SEQ_LENS, O_PART, LSE_PART,
