@@ -50,8 +50,8 @@ against the kernel's check=): a candidate that computes something else is record
 The candidates near the fastest then race: re-measured interleaved, round by round, so that
 the GPU's clock drift hits all of them alike, the surely slower dropped, until they separate or
 a budget ends. Candidates within the tie band of the fastest (default: 2%, or overlapping 95%
-CIs, up to twice the band) are ties, and among ties the winner is fixed: the declared default config if it is one,
-else the first in the declared space order. So two tunes of the same keys agree unless a
+CIs, up to twice the band) are ties, and among ties the winner is fixed: the declared default
+config if it is one, else the first in the declared space order. So two tunes of the same keys agree unless a
 candidate sits at the band's edge. The record keeps the ties, every finalist's time and the
 rule that chose.
 
@@ -92,9 +92,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--workers", metavar="N", type=positive_int, default=None,
                    help="compile processes for --compile-missing (default: CPUs - 1, max 16)")
     p.add_argument("--tie-band", metavar="PCT", type=tie_band, default=TieBand(),
-                   help="candidates within PCT%% of the fastest (or with 95%% CIs overlapping within twice PCT) "
-                        "tie; among ties the default config, else the first in space order, "
-                        "wins (default: 2; between 0 and 50)")
+                   help="candidates within PCT%% of the fastest (or with 95%% CIs "
+                        "overlapping within twice PCT) tie; among ties the default config, "
+                        "else the first in space order, wins (default: 2; between 0 and 50)")
     p.add_argument("--gpus", metavar="LIST",
                    help="measure on these GPUs of this node, 'all' or indices such as 0,1: one "
                         "measuring process each, each taking the next key (longest first) when "

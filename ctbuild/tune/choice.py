@@ -6,9 +6,9 @@ its mean is within the band (default 2%) of the fastest mean, or when their 95% 
 intervals overlap within twice the band (a CI widens the band by the band at most: a
 candidate timed on two samples must not tie a loss of 20%). Among the ties the declared
 default config wins if it is one of them, else the first of them in the declared
-search-space order. So a rebuild on the same GPU model picks
-the same winner unless a candidate's true speed sits at the band's edge, and a winner that
-differs between two tunes is never more than the band slower than the other's.
+search-space order. So a rebuild on the same GPU model picks the same winner unless a
+candidate's true speed sits at the band's edge, and a winner that differs between two tunes
+is never more than twice the band slower than the other's.
 
 Pure functions of measurements: the tuner, ``ctbuild tune --verify`` and the fleet merge of
 several GPUs all decide through `choose`.
@@ -96,8 +96,8 @@ def ties_with(t: Timing, fastest: Timing, band: TieBand) -> bool:
     on two samples (a race's size that ended on its budget) must not tie a 20% loss."""
     if t.mean_us <= fastest.mean_us * band.factor:
         return True
-    reach = min(t.ci_us + fastest.ci_us, fastest.mean_us * band.percent / 100)
-    return band.ci_overlap and t.mean_us <= fastest.mean_us * band.factor + reach
+    return band.ci_overlap and t.mean_us - t.ci_us <= fastest.mean_us + fastest.ci_us and \
+        t.mean_us <= fastest.mean_us * (1 + 2 * band.percent / 100)
 
 
 def choose(timings: Sequence[Timing], order: Sequence[Config], default: Config | None,
