@@ -34,7 +34,7 @@ from .inputs import make_inputs
 from .race import FINALS_BUDGET, SPAN_BUDGET, RaceBudget, RaceResult, finalists, race
 from .span import DEFAULT_SPLITS, Group, Span
 from .span_sizes import span_sizes
-from .waves import fit
+from .waves import serve
 
 if TYPE_CHECKING:
     from ctbuild.cache import Store
@@ -366,13 +366,11 @@ def measure(tuned: TunedKernel, plan: CandidatePlan, bench: Bench, benches: Benc
             bucket, contenders, top, lambda cw: benches.on_spec(cw).sample, settings.band,
             keep=[m.decision.choice.winner.config, plan.default])
         m.failed += span_failed
-        m.groups, m.unsplit = m.span.split(
-            plan.space, plan.default, settings.band, settings.max_splits,
-            refuse=lambda points: key_clash(tuned, bucket, points))
-        if settings.max_splits:  # per-call choices refine a bucket too: off with --no-refine
-            m.waves = fit(m.span, m.groups, lambda c, s: math.prod(tuned.grid(
-                c, concretize(bucket.declared, s), benches.grid_dev)),
-                benches.grid_dev.sm_count, plan.space, settings.band)
+        m.groups, m.unsplit, m.waves = serve(
+            m.span, plan.space, plan.default, settings.band, settings.max_splits,
+            lambda points: key_clash(tuned, bucket, points), lambda c, s: math.prod(
+                tuned.grid(c, concretize(bucket.declared, s), benches.grid_dev)),
+            benches.grid_dev.sm_count)
         m.phases["span"] = time.perf_counter() - t
     winner = m.winner
     assert winner is not None

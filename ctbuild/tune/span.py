@@ -427,6 +427,24 @@ class Span:
                 "worst_pct": round(100 * group.worst_pct, 3), "unsplit": unsplit,
                 "problems": list(self.problems)}
 
+    def without(self, classes: set[str]) -> Span:
+        """This span with no size of the layout ``classes`` (the upper bound kept last)."""
+        keep = [i for i in range(len(self.sizes)) if self.cls(i) not in classes]
+        return Span(self.bucket, [self.sizes[i] for i in keep], [self.times[i] for i in keep],
+                    classes=[self.cls(i) for i in keep])
+
+    def regroup(self, groups: Sequence[Group]) -> list[Group]:
+        """``groups`` of a span of some of these sizes (`without`), as groups of this span:
+        each holds every size the runtime serves by it, the first whose point holds it."""
+        left = list(range(len(self.sizes)))
+        out = []
+        for g in groups:
+            mine = [i for i in left if g.point is None or
+                    all(self.sizes[i][n] <= g.point[n] for n in g.point)]
+            left = [i for i in left if i not in mine]
+            out.append(Group(mine, g.winner, g.worst_pct, g.point, dict(g.by_class), g.ci))
+        return out
+
     def as_split(self, group: Group, served: Config) -> Split:
         """A group below the top as the bucket map's split point, with the loss the bucket's
         own winner (``served``) would have had there."""

@@ -14,7 +14,7 @@ from ctbuild.space import Config
 from ctbuild.specs import Tensor, Workload
 from ctbuild.tune.choice import TieBand, Timing
 from ctbuild.tune.span import Span
-from ctbuild.tune.waves import fit
+from ctbuild.tune.waves import fit, serve
 from ctbuild.waves import Ref, WaveTable, describe, read_table
 
 SMS = 4  # a GPU of 4 SMs, two blocks of every config resident on each: 8 at once
@@ -133,6 +133,35 @@ def test_a_class_whose_nearest_sizes_predict_it_unscaled_gets_a_table_that_does_
     for size in ({"B": 4, "S": 900}, {"B": 12, "S": 40}, {"B": 4, "S": 40}):
         want = min((cfg(64), cfg(128)), key=lambda c, size=size: quadrants(c, size))
         assert table.choose(size, lambda c: 1 / 0) == want
+
+
+def test_a_bucket_whose_unaligned_sizes_a_table_serves_is_split_on_the_others_alone():
+    """BM=64 is the fastest at every multiple of 16; elsewhere the finalists alternate with
+    their waves (as attention's unaligned sizes do). Split on every size, the bucket spends
+    its split limit on the alternation and still loses; the unaligned classes then get
+    tables. Their tables serve them per call, so the bucket is split again on the aligned
+    sizes alone: one part, no loss left to explain, the same tables."""
+    def times(c: Config, s: dict[str, int]) -> float:
+        return (1.0 if c["BM"] == 64 else 1.3) if s["S"] % 16 == 0 else seconds(c, s)
+    grid = [{"B": b, "S": s} for b in (1, 3, 5, 9, 16)
+            for s in (32, 33, 96, 100, 304, 300, 704, 700, 1023, 1024)]
+    span = _span([s for s in grid if s != {"B": 16, "S": 1024}] + [{"B": 16, "S": 1024}],
+                 times=times)
+    order, band = [cfg(64), cfg(128)], TieBand(2.0)
+    split, why = span.split(order, None, band, limit=3)
+    assert len(split) > 1 and why == "the split limit (3) is reached"
+    tables = fit(span, split, blocks, SMS, order, band)
+    assert sorted(tables) == ["B:1,S:n", "B:16,S:n", "B:n,S:n"]
+    groups, why, served = serve(span, order, None, band, 3, lambda points: None, blocks, SMS)
+    assert [(g.point, g.winner, g.members) for g in groups] == [
+        (None, cfg(64), list(range(len(span.sizes))))]
+    assert why is None and sorted(served) == sorted(tables)
+    for i, size in enumerate(span.sizes):
+        table = served.get(span.cls(i))
+        got = table.choose(size, lambda c, s=size: blocks(c, s)) if table else groups[0].winner
+        assert span.loss(i, got) == 0, size
+    # --no-refine: one winner, no table
+    assert serve(span, order, None, band, 0, lambda points: None, blocks, SMS)[2] == {}
 
 
 GOOD = {"slots": 8, "finalists": [{"BM": 64}, {"BM": 128}],
