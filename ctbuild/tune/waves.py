@@ -1,10 +1,11 @@
-"""A bucket's `ctbuild.waves.WaveTable`s, fitted to the times its span raced.
+"""How a bucket's calls are served (`serve`): its split and its `ctbuild.waves.WaveTable`s,
+fitted to the times its span raced.
 
 A layout class gets a table only where the split leaves it a loss the band does not cover
 (`ctbuild.tune.span.within` of the class's sizes in each group, CI included): a class the
 split serves within the band keeps its config, so two tunes do not serve it by tables fitted
-on noise (on two H200 tunes the earlier rule fitted tables on tiny kernels' 2-3% losses, and the two
-tunes' tables differed). Its finalists are the configs timed at all of its raced sizes and
+on noise (on two H200 tunes the earlier rule fitted tables on tiny kernels' 2-3% losses, and
+the two tunes' tables differed). Its finalists are the configs timed at all of its raced sizes and
 within the band of the fastest at one. Each way to predict a held-out raced size from the
 others is judged by leaving each size out: the nearest sizes' times alone, or scaled by each
 finalist's waves (the GPU holding 1 to 4 blocks per SM at once); the way with the least mean
@@ -44,8 +45,8 @@ def serve(span: Span, order: Sequence[Config], default: Config | None, band: Tie
     spent on it served the other classes' sizes by configs chosen at its own (attention over
     ``BH x S``: its unaligned sizes' best config alternates with the waves; the split served
     an aligned ``S=2048`` 21% slower than the config every aligned size wanted; split on the
-    other classes, 7-12 parts became 3-6 and the largest loss as recorded 4.3%, replayed on
-    two pairs of H200 tunes). ``limit`` 0 (``--no-refine``): one winner, no table."""
+    other classes, 7-12 parts became 1-6 and the largest loss as recorded 2.9-5.7%, replayed
+    on three pairs of H200 tunes). ``limit`` 0 (``--no-refine``): one winner, no table."""
     groups, why = span.split(order, default, band, limit, refuse)
     if not limit:
         return groups, why, {}
