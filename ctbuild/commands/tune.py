@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ..bucket_map import MAX_SPLITS
 from ..tune.choice import TieBand, TieBandError
+from ..tune.report import served_worst
 from ..tune.span import DEFAULT_SPLITS
 from ..waves import describe
 from .common import (
@@ -379,8 +380,8 @@ def span_lines(s: dict[str, Any]) -> list[str]:
         lines.append(f"{head} a winner per layout class: " + "; ".join(
             f"{k} {json.dumps((v or {}).get('config'), sort_keys=True)}{describe(v)}"
             for k, v in sorted(by_class.items())))
-    worst = regret.get("worst_pct", regret.get("max_pct"))
-    if regret.get("unsplit") and isinstance(worst, (int, float)) and worst > band:
+    worst = served_worst(regret)
+    if regret.get("unsplit") and worst > band:
         lines.append(f"{head} not split further, worst loss {worst:.1f}% over the bucket's "
                      f"sizes (band {band:g}%): {regret['unsplit']}")
     return lines

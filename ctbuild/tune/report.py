@@ -209,6 +209,20 @@ def winners_chart(entries: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
+def served_worst(regret: dict[str, Any]) -> float:
+    """The largest loss a call of a raced size is served with (a wave table's choice where
+    its class has one), else the split's worst loss (a record from before ``max_pct``): what
+    the report and the CLI's bucket line flag against the band."""
+    worst = regret.get("max_pct")
+    if not isinstance(worst, (int, float)):
+        worst = regret.get("worst_pct")
+    return float(worst) if isinstance(worst, (int, float)) else 0.0
+
+
+def _band(rec: dict[str, Any]) -> float:
+    return float(((rec.get("choice") or {}).get("band") or {}).get("percent", 2.0))
+
+
 def _regret_cell(rec: dict[str, Any]) -> str:
     """The winner's worst loss over its bucket's sizes, flagged above the tie band (with why
     the bucket was not split further as its tooltip)."""
@@ -216,7 +230,7 @@ def _regret_cell(rec: dict[str, Any]) -> str:
     worst = regret.get("max_pct")
     if worst is None:
         return "–"
-    band = ((rec.get("choice") or {}).get("band") or {}).get("percent", 2.0)
+    band = _band(rec)
     if worst <= band:
         return f"{worst:.1f}%"
     why = regret.get("unsplit") or "tuned before ctbuild split buckets"
@@ -303,7 +317,7 @@ def _choice_text(rec: dict[str, Any]) -> str:
     rounds = (f' Finalists ran off over {runoff["rounds"]} interleaved rounds '
               f'({_esc(runoff.get("stopped", ""))}).' if runoff else "")
     return (f'<p>Chosen by the tie rule: <b>{_esc(choice.get("rule", ""))}</b> (band {band}% '
-            f'or overlapping 95% CIs). Ties, in space order: {ties}.{rounds}</p>')
+            f'or 95% CIs overlapping within twice it). Ties, in space order: {ties}.{rounds}</p>')
 
 
 def _regret_text(rec: dict[str, Any]) -> str:
@@ -330,7 +344,7 @@ def _regret_text(rec: dict[str, Any]) -> str:
                            f"{_esc(describe(v))}"
                            for k, v in sorted(by_class.items(), key=lambda kv: str(kv[0])))
                        + ".</p>")
-    if regret.get("unsplit"):
+    if regret.get("unsplit") and served_worst(regret) > _band(rec):
         split_text += f'<p class="failed">Not split further: {_esc(regret["unsplit"])}.</p>'
     return ("<p>Loss of the winner at the sizes its bucket serves (its time over the fastest "
             "candidate's there; a size of a layout class with its own winner: that one's):"

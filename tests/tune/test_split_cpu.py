@@ -257,3 +257,18 @@ def test_a_class_with_a_wave_table_is_served_per_call_by_it(runtime_store, monke
         e = entry.kernel.explain(t, t, t, arch="sm_90", gpu=GPU)
         assert e["config"] == want and e["config_from"] == "record", (n, e)
         assert e.get("layout_class") == (None if n % 16 == 0 else "N:n"), (n, e)
+
+
+def test_a_bucket_whose_lossy_sizes_a_table_serves_is_not_flagged_as_unsplit() -> None:
+    """The split's groups lose 30% at some raced size, but a wave table serves that class and
+    every raced size is served within 1%: the bucket line says nothing is left (the report
+    judges the same `served_worst`); where calls still lose 30%, it says why."""
+    from ctbuild.commands.tune import span_lines
+    from ctbuild.tune.report import _regret_text
+    for served, flagged in ((1.0, False), (30.0, True)):
+        rec = {"choice": {"band": {"percent": 2.0}}, "regret": {
+            "worst_pct": 30.0, "max_pct": served, "unsplit": "the split limit (3) is reached",
+            "sizes": [{"sizes": {"N": 513}, "regret_pct": served, "fastest": {"TILE": 64}}]}}
+        lines = span_lines({"kernel": "k", "status": "tuned", "record": rec})
+        assert any("not split further" in x for x in lines) is flagged
+        assert ("Not split further" in _regret_text(rec)) is flagged
