@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ..bucket_map import MAX_SPLITS
 from ..tune.choice import TieBand, TieBandError
-from ..tune.report import served_worst
+from ..tune.report import record_band, served_worst
 from ..tune.span import DEFAULT_SPLITS
 from ..waves import describe
 from .common import (
@@ -52,9 +52,9 @@ The candidates near the fastest then race: re-measured interleaved, round by rou
 the GPU's clock drift hits all of them alike, the surely slower dropped, until they separate or
 a budget ends. Candidates within the tie band of the fastest (default: 2%, or overlapping 95%
 CIs, up to twice the band) are ties, and among ties the winner is fixed: the declared default
-config if it is one, else the first in the declared space order. So two tunes of the same keys agree unless a
-candidate sits at the band's edge. The record keeps the ties, every finalist's time and the
-rule that chose.
+config if it is one, else the first in the declared space order. So two tunes of the same keys
+agree unless a candidate sits at the band's edge. The record keeps the ties, every finalist's
+time and the rule that chose.
 
 A dynamic workload (ctbuild.Dim) is tuned once per bucket, for every size the bucket serves:
 every candidate races again at the bucket's lower bound, powers of two and one above each,
@@ -368,7 +368,7 @@ def span_lines(s: dict[str, Any]) -> list[str]:
     if regret is None or s.get("status") != "tuned":
         return []
     head = f"{'bucket':<8} {s['kernel']:<14}"
-    band = ((rec.get("choice") or {}).get("band") or {}).get("percent", 2.0)
+    band = record_band(rec)
     lines = []
     for sp in (rec.get("refined") or {}).get("splits") or []:
         sub = ", ".join(f"{n}<={v}" for n, v in sorted(sp["sizes"].items()))

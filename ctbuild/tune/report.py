@@ -16,6 +16,7 @@ from typing import Any
 
 from ..atomic_write import write_json, write_text
 from ..waves import describe
+from .choice import DEFAULT_BAND_PERCENT
 
 WINNER, DEFAULT, OTHER, FAIL = "#2e7d32", "#1565c0", "#9e9e9e", "#c62828"
 
@@ -219,8 +220,10 @@ def served_worst(regret: dict[str, Any]) -> float:
     return float(worst) if isinstance(worst, (int, float)) else 0.0
 
 
-def _band(rec: dict[str, Any]) -> float:
-    return float(((rec.get("choice") or {}).get("band") or {}).get("percent", 2.0))
+def record_band(rec: dict[str, Any]) -> float:
+    """The tie band a record was chosen with, in percent (the default where it says none)."""
+    return float(((rec.get("choice") or {}).get("band") or {}).get("percent",
+                                                                   DEFAULT_BAND_PERCENT))
 
 
 def _regret_cell(rec: dict[str, Any]) -> str:
@@ -230,7 +233,7 @@ def _regret_cell(rec: dict[str, Any]) -> str:
     worst = regret.get("max_pct")
     if worst is None:
         return "–"
-    band = _band(rec)
+    band = record_band(rec)
     if worst <= band:
         return f"{worst:.1f}%"
     why = regret.get("unsplit") or "tuned before ctbuild split buckets"
@@ -344,7 +347,7 @@ def _regret_text(rec: dict[str, Any]) -> str:
                            f"{_esc(describe(v))}"
                            for k, v in sorted(by_class.items(), key=lambda kv: str(kv[0])))
                        + ".</p>")
-    if regret.get("unsplit") and served_worst(regret) > _band(rec):
+    if regret.get("unsplit") and served_worst(regret) > record_band(rec):
         split_text += f'<p class="failed">Not split further: {_esc(regret["unsplit"])}.</p>'
     return ("<p>Loss of the winner at the sizes its bucket serves (its time over the fastest "
             "candidate's there; a size of a layout class with its own winner: that one's):"

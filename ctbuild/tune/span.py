@@ -441,7 +441,8 @@ class Span:
         for g in groups:
             mine = [i for i in left if g.point is None or
                     all(self.sizes[i][n] <= g.point[n] for n in g.point)]
-            left = [i for i in left if i not in mine]
+            taken = set(mine)
+            left = [i for i in left if i not in taken]
             out.append(Group(mine, g.winner, g.worst_pct, g.point, dict(g.by_class), g.ci))
         return out
 
