@@ -132,7 +132,7 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | list[str
                               + (f", e.g. --config {inside}" if inside else
                                  " (it holds no ctbuild.toml or pyproject.toml with [tool.ctbuild])"))
         if not file.is_file():
-            raise ConfigError(f"config file {file} does not exist")
+            raise ConfigError(settings.not_a_config(file))
         try:
             data = tomllib.loads(file.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -182,6 +182,13 @@ def cache_choice(flag: str | os.PathLike[str] | None = None, *, config_value: st
                                 "ctbuild.toml found")
 
 
+def not_a_config(file: Path) -> str:
+    """Why ``file``, not a regular file, cannot be read as a config (``/dev/null`` exists)."""
+    if file.exists():
+        return f"config file {file} is not a regular file: pass a ctbuild.toml or pyproject.toml"
+    return f"config file {file} does not exist"
+
+
 def choose_cache(flag: str | os.PathLike[str] | None = None, *,
                  config: str | os.PathLike[str] | None = None,
                  near: Path | None = None) -> CacheChoice:
@@ -191,7 +198,7 @@ def choose_cache(flag: str | os.PathLike[str] | None = None, *,
         return cache_choice(flag)
     file, how = project_config(config, near=near)
     if file is not None and not file.is_file():
-        raise SettingsError(f"config file {file} does not exist")
+        raise SettingsError(not_a_config(file))
     value = config_cache_dir(file) if file is not None else None
     return cache_choice(config_value=value, config_file=file, how=how)
 

@@ -160,6 +160,8 @@ def test_unknown_arch_flag(tmp_path: Path) -> None:
 def test_missing_config_file(tmp_path: Path) -> None:
     proc = run_cli("plan", "--config", str(tmp_path / "nope.toml"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+    proc = run_cli("plan", "--config", "/dev/null")            # there, but not a file to read
+    assert proc.returncode == 2 and "/dev/null is not a regular file" in proc.stderr, proc.stderr
 
 
 def test_pyproject_tool_table(tmp_path: Path) -> None:
