@@ -362,8 +362,13 @@ class TunedKernel:
                 self._call, self._launch = call, launch
 
     def drop_runtime(self) -> None:
-        """Forget the runtime: the next call makes a new one (for a new runtime context)."""
+        """Forget the runtime: the next call makes a new one (for a new runtime context). Its
+        kernel objects stay alive (`ctbuild.serve.served_kernel.keep_alive`): a CUDA graph may
+        still launch them."""
         with _ROUTE_LOCK:
+            if self._runtime is not None:
+                from .serve.served_kernel import keep_alive
+                keep_alive(self._runtime.resolver.kernel_objects())
             self._runtime = None
             self._call, self._launch = self._start_call, self._start_launch
 

@@ -351,8 +351,8 @@ class KernelRuntime:
     def provenance(self) -> dict[str, Any]:
         """Where this kernel's launches came from: counts by origin and per resolved call."""
         return provenance.summary(self.name, self.ctx.mode, list(self._entries),
-                                  self.ctx.misses.total(self.name), self.resolver.kernel_objects(),
-                                  self._keys, self._retired)
+                                  self.ctx.misses.total(self.name),
+                                  len(self.resolver.kernel_objects()), self._keys, self._retired)
 
 
 def _on_gpu(value: Any) -> bool:

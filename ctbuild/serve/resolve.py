@@ -256,9 +256,10 @@ class Resolver:
                 self._pinned[(cfg, signature)] = served
             return served
 
-    def kernel_objects(self) -> int:
-        """How many served kernels (cuTile kernel objects) this kernel holds."""
-        return len(self.served) + len(self._pinned)
+    def kernel_objects(self) -> list[ServedKernel]:
+        """The served kernels (cuTile kernel objects) this kernel holds."""
+        with self.lock:
+            return [*self.served.values(), *self._pinned.values()]
 
     def _winner(self, w: Workload, keys: list[tuple[list, str]], arch: str, gpu: str,
                 wl_json: dict, stream: Any, dry: bool = False

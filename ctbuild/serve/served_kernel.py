@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,20 @@ MAX_CANDIDATE_LISTS = 4096
 
 #: Process-wide counters of served kernels.
 STATS = ServeStats()
+
+#: The most kernel objects of replaced runtimes `keep_alive` holds (the oldest go first).
+MAX_KEPT_ALIVE = 1024
+_KEPT_ALIVE: deque[ServedKernel] = deque(maxlen=MAX_KEPT_ALIVE)
+
+
+def keep_alive(kernels: Iterable[ServedKernel]) -> None:
+    """Hold the kernel objects of a runtime that `ctbuild.runtime.reset` or a new context
+    replaced, to the process's end: cuTile unloads a kernel object's CUBINs when it is freed,
+    and a CUDA graph captured before (``torch.compile``'s reduce-overhead mode) still launches
+    them. Freed, its replay ran unloaded code, and its teardown at exit killed the process
+    with a segfault (H200, `tests/serve/test_runtime_gpu.py`)."""
+    _KEPT_ALIVE.extend(kernels)
+
 
 #: Per thread: the signature class the last `ServedKernel._compile` served (the runtime reads
 #: it after a first launch to tell what the dispatcher really loaded).

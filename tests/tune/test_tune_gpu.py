@@ -115,9 +115,16 @@ def test_examples_tuned_from_cache_with_no_compiles(examples_tuned, examples_cac
         fastest = min(ties, key=lambda t: t.mean_us)
         won = next(t for t in ties if t.config.to_json() == rec["config"])
         assert ties_with(won, fastest, TieBand(rec["choice"]["band"]["percent"])), rec["choice"]
+        # the winner is not slower than the default beyond the ties' reach, on one clock: the
+        # runoff's where both were raced, else the screening's (a 4.5 us kernel's screening
+        # time was 5.6% off its runoff time on an H200)
         screened = {json.dumps(c["config"]): c["mean_us"] for c in rec["candidates"]}
-        if rec["default"]["mean_us"] is not None:
-            assert screened[json.dumps(rec["config"])] <= rec["default"]["mean_us"] * 1.03
+        raced = {json.dumps(t["config"]): t["mean_us"]
+                 for t in (rec.get("runoff") or {}).get("finalists", [])}
+        dflt, win = json.dumps(rec["default"]["config"]), json.dumps(rec["config"])
+        clock = raced if dflt in raced and win in raced else screened
+        if dflt in clock:
+            assert clock[win] <= clock[dflt] * (1 + 2 * rec["choice"]["band"]["percent"] / 100)
 
 
 def test_rerun_skips_tuned_entries(examples_tuned, examples_cache):
