@@ -127,6 +127,25 @@ def test_served_kernel_is_built_on_cpu_with_the_config_hints(store: Store) -> No
     assert k is tuned.runtime.served_kernel(Config({"occupancy": 4, "num_worker_warps": 8}))
 
 
+
+def test_a_replaced_runtime_keeps_its_kernel_objects_alive(store: Store) -> None:
+    """`runtime.reset` and a new `configure` drop the kernels' runtimes, not their kernel
+    objects: cuTile unloads a kernel object's CUBINs when it is freed, and a CUDA graph
+    captured before may still launch them (`tests/serve/test_runtime_gpu.py` replays one).
+    Bounded: the oldest go once `MAX_KEPT_ALIVE` are held."""
+    import gc
+    import weakref
+
+    from ctbuild.serve import served_kernel
+    runtime.configure(store=store)
+    tuned = KERNELS["rmsnorm"]
+    held = weakref.ref(tuned.runtime.served_kernel(tuned.default_config(tuned.workloads[0])))
+    runtime.reset()
+    runtime.configure(store=store)
+    gc.collect()
+    assert held() is not None and tuned.runtime.resolver.served == {}
+    assert served_kernel._KEPT_ALIVE.maxlen == served_kernel.MAX_KEPT_ALIVE
+
 WARM_SCRIPT = r"""
 import json, sys
 sys.path[:0] = [{root!r}, {examples!r}]
