@@ -18,7 +18,10 @@
      search alone, what tuning cost before the output check, the race and the buckets' sizes).
 
 A bucket's winner is compared on its worst loss over the bucket's sizes (the record's span
-ties); a key's own winner on its race (else screening) times.
+ties); a key's own winner on its race (else screening) times. Two records with the same winner
+that serve a layout class otherwise are compared on the worst loss over the other's raced
+sizes with each one's config per class; where a wave table chooses, or a config the other did
+not time serves a size, the disagreement is counted as not judged (neither inside nor outside).
 
 Targets (an H100 or H200): agreement of at least 98% of keys, every disagreement inside the
 other run's tie set, measuring at most 1.5x the screening alone.
@@ -110,7 +113,31 @@ def _span_tie(rec: dict[str, Any], cfg: dict[str, Any], band_pct: float
     best = min(worst.values())
     pct = 100 * ((1 + mine[0] / 100) / (1 + own[0] / 100) - 1)
     as_time = [Timing(Config({}), 1 + w / 100, ci / 100, 1) for w, ci in (mine, best)]
-    return pct, ties_with(*as_time, TieBand(band_pct))
+    return pct, ties_with(as_time[0], as_time[1], TieBand(band_pct))
+
+
+def _class_tie(mine: dict[str, Any], rec: dict[str, Any], band_pct: float
+               ) -> tuple[float, bool] | None:
+    """For two records with the same winner that serve some layout class differently: how
+    much worse the worst loss over ``rec``'s raced sizes is with ``mine``'s config for each
+    size's class than with ``rec``'s own, and whether the two worst losses tie (None: at some
+    size ``mine`` serves a config ``rec`` has no time of there, or a wave table chooses)."""
+    def config_for(r: dict[str, Any], cls: str | None) -> Any:
+        entry = (r.get("by_class") or {}).get(cls) or {}
+        return None if entry.get("waves") else entry.get("config", r["config"])
+    worst_mine = worst_own = 0.0
+    for row in (rec.get("regret") or {}).get("sizes") or []:
+        chosen, own = config_for(mine, row.get("layout_class")), row.get("served", rec["config"])
+        if chosen == own:
+            loss = row["regret_pct"]
+        elif chosen is not None and chosen == row["fastest"]:
+            loss = 0.0
+        else:
+            return None
+        worst_mine, worst_own = max(worst_mine, loss), max(worst_own, row["regret_pct"])
+    as_time = [Timing(Config({}), 1 + w / 100, 0.0, 1) for w in (worst_mine, worst_own)]
+    return (100 * (as_time[0].mean_us / as_time[1].mean_us - 1),
+            ties_with(as_time[0], as_time[1], TieBand(band_pct)))
 
 
 def _fastest_screened(rec: dict[str, Any]) -> str:
@@ -143,7 +170,18 @@ def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct
             continue
         worst = 0.0
         where = []
-        inside = True
+        inside: bool | None = True
+        if ra["config"] == rb["config"]:  # a layout class served otherwise
+            judged = [_class_tie(mine, rec, band_pct) for mine, rec in ((ra, rb), (rb, ra))]
+            known = [j for j in judged if j is not None]
+            worst = max([0.0, *(j[0] for j in known)])
+            inside = None if len(known) < 2 else all(j[1] for j in known)
+            regrets.append({"key": k, "a": ra["config"], "b": rb["config"],
+                            "regret_pct": round(worst, 3), "timed_in": ["classes"],
+                            "in_other_tie_set": inside,
+                            "rule_a": (ra.get("choice") or {}).get("rule"),
+                            "rule_b": (rb.get("choice") or {}).get("rule")})
+            continue
         for mine, theirs, rec in ((ra, rb, rb), (rb, ra, ra)):
             span = _span_tie(rec, mine["config"], band_pct)
             if span is not None:  # a bucket's winner: its worst loss over the sizes there
@@ -165,6 +203,12 @@ def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct
     return {"keys": len(keys), "agree": agree, "agree_pct": 100 * agree / max(1, len(keys)),
             "fastest_screened_agree_pct": 100 * old_agree / max(1, len(keys)),
             "disagreements": regrets}
+
+
+def _tie_word(inside: bool | None) -> str:
+    if inside is None:
+        return "not judged: a wave table or an untimed config serves a class"
+    return f"{'inside' if inside else 'OUTSIDE'} the other's tie set"
 
 
 def screening_seconds(recs: dict[str, dict[str, Any]]) -> float:
@@ -211,7 +255,9 @@ def main() -> int:
                           "b": phase_total(rb, ("check", "runoff", "span"))},
         "runoff_seconds": {"a": phase_total(ra, ("runoff",)), "b": phase_total(rb, ("runoff",))},
         "screen_seconds": {"a": screening_seconds(ra), "b": screening_seconds(rb)},
-        "outside_tie_sets": sum(not d["in_other_tie_set"] for d in result["disagreements"]),
+        "outside_tie_sets": sum(d["in_other_tie_set"] is False
+                                for d in result["disagreements"]),
+        "not_judged": sum(d["in_other_tie_set"] is None for d in result["disagreements"]),
         "regret_median_pct": statistics.median(regrets) if regrets else 0.0,
         "regret_max_pct": max(regrets, default=0.0)})
     print(f"GPU: {gpu}; {result['keys']} keys; tie band {args.tie_band}%")
@@ -221,10 +267,11 @@ def main() -> int:
     for d in result["disagreements"]:
         print(f"  differs: {d['key']}  a={d['a']} ({d['rule_a']})  b={d['b']} ({d['rule_b']})  "
               f"regret {d['regret_pct']:.2f}% (timed in {', '.join(d['timed_in']) or '-'}; "
-              f"{'inside' if d['in_other_tie_set'] else 'OUTSIDE'} the other's tie set)")
+              f"{_tie_word(d['in_other_tie_set'])})")
     print(f"regret of disagreements: median {result['regret_median_pct']:.2f}%, "
           f"max {result['regret_max_pct']:.2f}%")
-    print(f"disagreements outside the other run's tie set: {result['outside_tie_sets']}")
+    print(f"disagreements outside the other run's tie set: {result['outside_tie_sets']}; "
+          f"not judged (a wave table serves a class): {result['not_judged']}")
     for run in ("a", "b"):
         m, s = result["measure_seconds"][run], result["screen_seconds"][run]
         added, runoff_s = result["added_seconds"][run], result["runoff_seconds"][run]
