@@ -361,16 +361,14 @@ class TunedKernel:
             if self._runtime is runtime:
                 self._call, self._launch = call, launch
 
-    def drop_runtime(self) -> None:
-        """Forget the runtime: the next call makes a new one (for a new runtime context). Its
-        kernel objects stay alive (`ctbuild.serve.served_kernel.keep_alive`): a CUDA graph may
-        still launch them."""
+    def drop_runtime(self) -> Any:
+        """Forget the runtime: the next call makes a new one (for a new runtime context).
+        Returns the one dropped (None: there was none), whose kernel objects the caller keeps
+        alive: a CUDA graph may still launch them."""
         with _ROUTE_LOCK:
-            if self._runtime is not None:
-                from .serve.served_kernel import keep_alive
-                keep_alive(self._runtime.resolver.kernel_objects())
-            self._runtime = None
+            dropped, self._runtime = self._runtime, None
             self._call, self._launch = self._start_call, self._start_launch
+        return dropped
 
     def explain(self, *args: Any, arch: str | None = None, gpu: str | None = None,
                 **kwargs: Any) -> dict[str, Any]:

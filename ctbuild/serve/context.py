@@ -26,7 +26,7 @@ from .miss_policy import (
     tunes_online,
 )
 from .misses import MissLog, note_damage
-from .served_kernel import STATS, CubinSource
+from .served_kernel import STATS, CubinSource, keep_alive
 from .write_back import WriteBack
 
 log = logging.getLogger("ctbuild.runtime")
@@ -207,7 +207,9 @@ def _install(ctx: RuntimeContext | None) -> None:
     with _CONTEXT_LOCK:
         _CONTEXT = ctx
         for k in registered():
-            k.drop_runtime()
+            dropped = k.drop_runtime()
+            if dropped is not None:  # a CUDA graph may still launch its kernels
+                keep_alive(dropped.resolver.kernel_objects())
 
 
 def stats() -> dict[str, Any]:
