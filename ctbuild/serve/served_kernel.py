@@ -67,8 +67,12 @@ def keep_alive(kernels: Iterable[ServedKernel]) -> None:
     replaced, to the process's end: cuTile unloads a kernel object's CUBINs when it is freed,
     and a CUDA graph captured before (``torch.compile``'s reduce-overhead mode) still launches
     them. Freed, its replay ran unloaded code, and its teardown at exit killed the process
-    with a segfault (H200, `tests/serve/test_runtime_gpu.py`)."""
-    _KEPT_ALIVE.extend(kernels)
+    with a segfault (H200, `tests/serve/test_runtime_gpu.py`). Each is detached from its
+    context's cache (no runtime calls it again; a new signature would raise): what is held is
+    the loaded CUBINs, not the replaced context's store, its open files and its miss policy."""
+    for kernel in kernels:
+        kernel.source = CubinSource(None, None)
+        _KEPT_ALIVE.append(kernel)
 
 
 #: Per thread: the signature class the last `ServedKernel._compile` served (the runtime reads

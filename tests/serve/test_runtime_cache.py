@@ -137,13 +137,17 @@ def test_a_replaced_runtime_keeps_its_kernel_objects_alive(store: Store) -> None
     import weakref
 
     from ctbuild.serve import served_kernel
-    runtime.configure(store=store)
+    old = runtime.configure(store=store)
     tuned = KERNELS["rmsnorm"]
     held = weakref.ref(tuned.runtime.served_kernel(tuned.default_config(tuned.workloads[0])))
+    replaced = weakref.ref(old)
+    del old
     runtime.reset()
     runtime.configure(store=store)
     gc.collect()
     assert held() is not None and tuned.runtime.resolver.served == {}
+    # what is held is the kernel object: not the replaced context (its store, its miss policy)
+    assert held().source.store is None and replaced() is None
     assert served_kernel._KEPT_ALIVE.maxlen == served_kernel.MAX_KEPT_ALIVE
 
 WARM_SCRIPT = r"""
