@@ -71,8 +71,15 @@ def keep_alive(kernels: Iterable[ServedKernel]) -> None:
     context's cache (no runtime calls it again; a new signature would raise): what is held is
     the loaded CUBINs, not the replaced context's store, its open files and its miss policy."""
     for kernel in kernels:
-        kernel.source = CubinSource(None, None)
+        kernel.source = CubinSource(None, None, on_miss=_replaced)
         _KEPT_ALIVE.append(kernel)
+
+
+def _replaced(kernel: ServedKernel, signature: Any, context: Any, arch: str) -> tuple[bytes, str]:
+    """The miss handler of a kept-alive kernel: a call that raced the reset asks it for a CUBIN
+    it never loaded."""
+    raise RuntimeError(f"kernel {kernel.tuned.name!r}: its runtime was replaced "
+                       "(ctbuild.runtime.reset or configure) during this call; call it again")
 
 
 #: Per thread: the signature class the last `ServedKernel._compile` served (the runtime reads

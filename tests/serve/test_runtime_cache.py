@@ -148,6 +148,8 @@ def test_a_replaced_runtime_keeps_its_kernel_objects_alive(store: Store) -> None
     assert held() is not None and tuned.runtime.resolver.served == {}
     # what is held is the kernel object: not the replaced context (its store, its miss policy)
     assert held().source.store is None and replaced() is None
+    with pytest.raises(RuntimeError, match="'rmsnorm': its runtime was replaced"):
+        held().source.on_miss(held(), None, None, "sm_90")   # a call that raced the reset
     assert served_kernel._KEPT_ALIVE.maxlen == served_kernel.MAX_KEPT_ALIVE
 
 WARM_SCRIPT = r"""
