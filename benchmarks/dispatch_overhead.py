@@ -224,16 +224,8 @@ def _loop(tuned, calls: list[tuple]) -> Callable[[], None]:
 
 def graph_replay(tuned, a: tuple, n: int = 20, replays: int = 50) -> float:
     """Host us per kernel launch when ``n`` calls captured in one CUDA graph are replayed."""
-    import torch
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        tuned(*a)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n):
-            tuned(*a)
+    from gpu_runtime_examples import capture
+    graph = capture(tuned, a, calls=n)
     return min(per_call_us(graph.replay, replays) for _ in range(5)) / n
 
 

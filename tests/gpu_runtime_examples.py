@@ -116,6 +116,35 @@ def gpu_case(tuned: Any, workload_index: int = 0, seed: int = 0) -> tuple[tuple,
     return args, reference(tuned.name, args)
 
 
+def capture(tuned: Any, args: tuple, calls: int = 1) -> Any:
+    """A ``torch.cuda.CUDAGraph`` of ``calls`` calls of ``tuned`` on ``args``, warmed on a side
+    stream first, as torch asks."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tuned(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            tuned(*args)
+    return graph
+
+
+def replay_checked(graph: Any, tuned: Any, static: tuple, seed: int) -> None:
+    """Copy a new case's inputs into the captured tensors ``static``, replay ``graph`` and
+    check the result against torch."""
+    import torch
+    fresh, expected = gpu_case(tuned, seed=seed)
+    for dst, src in zip(static, fresh):
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(tuned.name, static, expected)
+
+
 def between_buckets_case(tuned: Any, seed: int = 0) -> tuple[tuple, tuple[int, Any]]:
     """Like `gpu_case`, for a `Dim` kernel at its `BETWEEN_BUCKETS` sizes (a call no bucket
     representative has: what serving traffic looks like)."""

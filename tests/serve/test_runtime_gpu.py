@@ -23,9 +23,11 @@ import cuda.tile as ct  # noqa: E402
 from gpu_runtime_examples import (  # noqa: E402
     BETWEEN_BUCKETS,
     between_buckets_case,
+    capture,
     check,
     gpu_case,
     load_examples,
+    replay_checked,
     warm_examples_cache,
 )
 
@@ -340,24 +342,11 @@ def test_served_kernels_are_captured_in_a_cuda_graph_and_replayed(warm_cache: Pa
     torch asks) and replayed on new inputs copied into the captured tensors: each replay
     matches torch, and nothing is resolved or launched outside the graph meanwhile."""
     runtime.configure(cache_dir=warm_cache, mode="strict")
-    for name, tuned in KERNELS.items():
+    for tuned in KERNELS.values():
         static, _ = gpu_case(tuned)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            tuned(*static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            tuned(*static)
+        graph = capture(tuned, static)
         for seed in (1, 2):
-            fresh, expected = gpu_case(tuned, seed=seed)
-            for dst, src in zip(static, fresh):
-                if isinstance(dst, torch.Tensor):
-                    dst.copy_(src)
-            graph.replay()
-            torch.cuda.synchronize()
-            check(name, static, expected)
+            replay_checked(graph, tuned, static, seed)
         assert len(tuned.runtime._entries) == 1 and tuned.runtime.provenance()["launches"] == 2
 
 
@@ -365,29 +354,16 @@ GRAPH_ACROSS_RESET = """
 import gc, sys
 import torch
 sys.path.insert(0, sys.argv[2])
-from gpu_runtime_examples import check, gpu_case, load_examples
+from gpu_runtime_examples import capture, gpu_case, load_examples, replay_checked
 from ctbuild import runtime
 tuned = load_examples()["silu_mul"]
 runtime.configure(cache_dir=sys.argv[1], mode="strict")
 static, _ = gpu_case(tuned)
-side = torch.cuda.Stream()
-side.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(side):
-    tuned(*static)
-torch.cuda.current_stream().wait_stream(side)
-graph = torch.cuda.CUDAGraph()
-with torch.cuda.graph(graph):
-    tuned(*static)
+graph = capture(tuned, static)
 runtime.reset()                                   # the runtime that launched it is gone
 runtime.configure(cache_dir=sys.argv[1], mode="strict")
 gc.collect()
-fresh, expected = gpu_case(tuned, seed=1)
-for dst, src in zip(static, fresh):
-    if isinstance(dst, torch.Tensor):
-        dst.copy_(src)
-graph.replay()
-torch.cuda.synchronize()
-check("silu_mul", static, expected)
+replay_checked(graph, tuned, static, seed=1)
 del graph
 gc.collect()
 torch.cuda.synchronize()
