@@ -57,31 +57,6 @@ MAX_CANDIDATE_LISTS = 4096
 #: Process-wide counters of served kernels.
 STATS = ServeStats()
 
-#: The most kernel objects of replaced runtimes `keep_alive` holds (the oldest go first).
-MAX_KEPT_ALIVE = 1024
-_KEPT_ALIVE: deque[ServedKernel] = deque(maxlen=MAX_KEPT_ALIVE)
-
-
-def keep_alive(kernels: Iterable[ServedKernel]) -> None:
-    """Hold the kernel objects of a runtime that `ctbuild.runtime.reset` or a new context
-    replaced, to the process's end: cuTile unloads a kernel object's CUBINs when it is freed,
-    and a CUDA graph captured before (``torch.compile``'s reduce-overhead mode) still launches
-    them. Freed, its replay ran unloaded code, and its teardown at exit killed the process
-    with a segfault (H200, `tests/serve/test_runtime_gpu.py`). Each is detached from its
-    context's cache (no runtime calls it again; a new signature would raise): what is held is
-    the loaded CUBINs, not the replaced context's store, its open files and its miss policy."""
-    for kernel in kernels:
-        kernel.source = CubinSource(None, None, on_miss=_replaced)
-        _KEPT_ALIVE.append(kernel)
-
-
-def _replaced(kernel: ServedKernel, signature: Any, context: Any, arch: str) -> tuple[bytes, str]:
-    """The miss handler of a kept-alive kernel: a call that raced the reset asks it for a CUBIN
-    it never loaded."""
-    raise RuntimeError(f"kernel {kernel.tuned.name!r}: its runtime was replaced "
-                       "(ctbuild.runtime.reset or configure) during this call; call it again")
-
-
 #: Per thread: the signature class the last `ServedKernel._compile` served (the runtime reads
 #: it after a first launch to tell what the dispatcher really loaded).
 LAST_SERVED = threading.local()
@@ -204,6 +179,35 @@ class CubinSource:
             LEDGER.saved("compile", (getattr(hit, "meta", None) or {}).get("compile_seconds"))
             return hit.cubin, hit.symbol, weakening.cls
         return None
+
+
+#: The most kernel objects of replaced runtimes `keep_alive` holds (the oldest go first).
+MAX_KEPT_ALIVE = 1024
+_KEPT_ALIVE: deque[ServedKernel] = deque(maxlen=MAX_KEPT_ALIVE)
+
+
+def keep_alive(kernels: Iterable[ServedKernel]) -> None:
+    """Hold the kernel objects of a runtime that `ctbuild.runtime.reset` or a new context
+    replaced, to the process's end: cuTile unloads a kernel object's CUBINs when it is freed,
+    and a CUDA graph captured before (``torch.compile``'s reduce-overhead mode) still launches
+    them. Freed, its replay ran unloaded code, and its teardown at exit killed the process
+    with a segfault (H200, `tests/serve/test_runtime_gpu.py`). Each is detached from its
+    context's cache (no runtime calls it again; a new signature would raise): what is held is
+    the loaded CUBINs, not the replaced context's store, its open files and its miss policy."""
+    for kernel in kernels:
+        kernel.source = _DETACHED
+        _KEPT_ALIVE.append(kernel)
+
+
+def _replaced(kernel: ServedKernel, signature: Any, context: Any, arch: str) -> tuple[bytes, str]:
+    """The miss handler of a kept-alive kernel: a call that raced the reset asks it for a CUBIN
+    it never loaded."""
+    raise RuntimeError(f"kernel {kernel.tuned.name!r}: its runtime was replaced "
+                       "(ctbuild.runtime.reset or configure) during this call; call it again")
+
+
+#: The source of every kept-alive kernel: no cache, and a miss says what happened.
+_DETACHED = CubinSource(None, None, on_miss=_replaced)
 
 
 def _memo_key(tuned: TunedKernel, cfg: Config, text: str, arch: str) -> tuple:

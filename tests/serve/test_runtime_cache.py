@@ -127,7 +127,6 @@ def test_served_kernel_is_built_on_cpu_with_the_config_hints(store: Store) -> No
     assert k is tuned.runtime.served_kernel(Config({"occupancy": 4, "num_worker_warps": 8}))
 
 
-
 def test_a_replaced_runtime_keeps_its_kernel_objects_alive(store: Store) -> None:
     """`runtime.reset` and a new `configure` drop the kernels' runtimes, not their kernel
     objects: cuTile unloads a kernel object's CUBINs when it is freed, and a CUDA graph
@@ -151,6 +150,7 @@ def test_a_replaced_runtime_keeps_its_kernel_objects_alive(store: Store) -> None
     with pytest.raises(RuntimeError, match="'rmsnorm': its runtime was replaced"):
         held().source.on_miss(held(), None, None, "sm_90")   # a call that raced the reset
     assert served_kernel._KEPT_ALIVE.maxlen == served_kernel.MAX_KEPT_ALIVE
+
 
 WARM_SCRIPT = r"""
 import json, sys
