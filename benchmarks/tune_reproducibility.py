@@ -157,6 +157,32 @@ def same_served(ra: dict[str, Any], rb: dict[str, Any]) -> bool:
     return ra["config"] == rb["config"] and all(served(ra, c) == served(rb, c) for c in classes)
 
 
+def _judge(ra: dict[str, Any], rb: dict[str, Any], band_pct: float
+           ) -> tuple[float, list[str], bool | None]:
+    """Two records of a key that serve it otherwise: (the regret, where each winner was timed
+    in the other's data, whether each is in the other's tie set; None: not judged)."""
+    if ra["config"] == rb["config"]:  # a layout class served otherwise
+        judged = [_class_tie(mine, rec, band_pct) for mine, rec in ((ra, rb), (rb, ra))]
+        known = [j for j in judged if j is not None]
+        inside = None if len(known) < 2 else all(j[1] for j in known)
+        return max([0.0, *(j[0] for j in known)]), ["classes"], inside
+    worst, where, tied = 0.0, [], True
+    for mine, theirs, rec in ((ra, rb, rb), (rb, ra, ra)):
+        span = _span_tie(rec, mine["config"], band_pct)
+        if span is not None:  # a bucket's winner: its worst loss over the sizes there
+            worst, tied = max(worst, span[0]), tied and span[1]
+            where.append("span")
+            continue
+        found = _time_in(rec, mine["config"], theirs["config"])
+        if found:
+            t_mine, t_theirs, source = found
+            worst = max(worst, 100 * (t_mine / t_theirs - 1))
+            tied = tied and any(t["config"] == mine["config"]
+                                for t in (rec.get("choice") or {}).get("ties", []))
+            where.append(source)
+    return worst, where, tied
+
+
 def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct: float
             ) -> dict[str, Any]:
     keys = sorted(set(a) & set(b))
@@ -168,33 +194,7 @@ def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct
         if same_served(ra, rb):
             agree += 1
             continue
-        worst = 0.0
-        where = []
-        inside: bool | None = True
-        if ra["config"] == rb["config"]:  # a layout class served otherwise
-            judged = [_class_tie(mine, rec, band_pct) for mine, rec in ((ra, rb), (rb, ra))]
-            known = [j for j in judged if j is not None]
-            worst = max([0.0, *(j[0] for j in known)])
-            inside = None if len(known) < 2 else all(j[1] for j in known)
-            regrets.append({"key": k, "a": ra["config"], "b": rb["config"],
-                            "regret_pct": round(worst, 3), "timed_in": ["classes"],
-                            "in_other_tie_set": inside,
-                            "rule_a": (ra.get("choice") or {}).get("rule"),
-                            "rule_b": (rb.get("choice") or {}).get("rule")})
-            continue
-        for mine, theirs, rec in ((ra, rb, rb), (rb, ra, ra)):
-            span = _span_tie(rec, mine["config"], band_pct)
-            if span is not None:  # a bucket's winner: its worst loss over the sizes there
-                worst, inside = max(worst, span[0]), inside and span[1]
-                where.append("span")
-                continue
-            found = _time_in(rec, mine["config"], theirs["config"])
-            if found:
-                t_mine, t_theirs, source = found
-                worst = max(worst, 100 * (t_mine / t_theirs - 1))
-                inside = inside and any(t["config"] == mine["config"]
-                                        for t in (rec.get("choice") or {}).get("ties", []))
-                where.append(source)
+        worst, where, inside = _judge(ra, rb, band_pct)
         regrets.append({"key": k, "a": ra["config"], "b": rb["config"],
                         "regret_pct": round(worst, 3), "timed_in": where,
                         "in_other_tie_set": inside,
