@@ -298,9 +298,18 @@ def test_cli_bad_arguments_exit_2(args, needle, bad_tune_runs):
 
 
 @pytest.mark.skipif(__import__("conftest").cuda_available(), reason="checks the no-GPU path")
-def test_cli_without_gpu_says_so(tmp_path):
-    r = run_cli("tune", "--config", str(FIXTURE / "ctbuild.toml"), "--cache", str(tmp_path))
-    assert r.returncode == 1 and "needs a CUDA GPU" in r.stderr
+def test_cli_without_gpu_says_so_and_its_quick_exit_runs_atexit_handlers(tmp_path):
+    """`ctbuild tune` leaves without the interpreter's teardown (`cli.QUICK_EXIT`): its last
+    line and the atexit handlers of what it imported (here a kernel module's) still run."""
+    marker = tmp_path / "atexit-ran"
+    (tmp_path / "probe.py").write_text(
+        f"import atexit\natexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n")
+    (tmp_path / "ctbuild.toml").write_text(
+        f'modules = ["tune_kernels.twice", "probe"]\npaths = [".", {str(FIXTURE)!r}]\narchs = ["sm_90"]\n')
+    r = run_cli("tune", "--config", str(tmp_path / "ctbuild.toml"),
+                "--cache", str(tmp_path / "cache"))
+    assert r.returncode == 1 and "needs a CUDA GPU" in r.stderr, r.stderr
+    assert marker.read_text() == "ran"
 
 
 def test_dim_bucket_winner_is_good_at_every_size(tmp_path, monkeypatch):
