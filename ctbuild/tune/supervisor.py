@@ -7,6 +7,7 @@ entry done), kills a child that stalls, and restarts one that died on the entrie
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,6 +22,11 @@ from .gate import Gate
 from .race import SPAN_BUDGET
 from .session import Entry, TuneOptions, summarize
 from .warm import hand, session_process
+
+#: How often the supervisor reads a child's events while it runs, in seconds: an entry's end,
+#: or a lane's ``idle`` the fleet's finals wait on, is seen this late at most (a child's exit
+#: at once).
+EVENTS_POLL_S = 0.05
 
 
 def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entry],
@@ -76,7 +82,7 @@ class _Watch:
     current: int | None = None
     last_cfg: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
-    seen: int = 0
+    offset: int = 0
     stalled: bool = False
 
 
@@ -103,8 +109,7 @@ class _Supervision:
         watch = _Watch()
         while True:
             rc = proc.poll()
-            for ev in _read_events(events_path, watch.seen):
-                watch.seen += 1
+            for ev in _read_events(events_path, watch):
                 if ev["event"] == "start":
                     watch.current, watch.last_cfg = ev["entry"], None
                     watch.started = time.monotonic()
@@ -129,7 +134,8 @@ class _Supervision:
                 proc.kill()
                 proc.wait()
                 return watch
-            time.sleep(0.2)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(EVENTS_POLL_S)  # back at once when it exits, its last events written
 
     def drop_claimed_elsewhere(self) -> None:
         """Forget the entries another lane claimed: theirs to finish."""
@@ -175,14 +181,15 @@ def _entry_budget(opts: TuneOptions) -> float:
         (600.0 if opts.compile_missing else 0.0)
 
 
-def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
-    if not path.exists():
+def _read_events(path: Path, watch: _Watch) -> list[dict[str, Any]]:
+    """The events the child wrote since the last read: whole lines from ``watch.offset`` on (a
+    line being written is read next time), so a long tune's events are parsed once each."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(watch.offset)
+            chunk = f.read()
+    except FileNotFoundError:
         return []
-    lines = path.read_text().splitlines()
-    out = []
-    for line in lines[skip:]:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line being written; read it next time
-    return out
+    whole = chunk[:chunk.rfind(b"\n") + 1]
+    watch.offset += len(whole)
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
