@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -105,9 +105,15 @@ def check_sizes(bucket: Any) -> list[dict[str, int]]:
     return out
 
 
-def measured_rows(cache: Path, configs: list[Path]) -> list[dict[str, Any]]:
+def measured_rows(cache: Path, configs: list[Path], *, also: Sequence[Path] = (),
+                  keys: Mapping[str, Mapping[str, dict[str, int]]] | None = None
+                  ) -> list[dict[str, Any]]:
     """Per check size of every declared bucket tuned on this GPU: the served config's loss
-    over the fastest candidate there, raced interleaved."""
+    over the fastest candidate there, raced interleaved. ``also``: caches of other tunes of
+    the same CUBINs, whose served configs run in the same race (each row's ``also``: the
+    config and loss per cache). ``keys``: instead, the buckets of these records (JSON of
+    ``[kernel, tuning key]``, a row's ``key``: their ``bucket`` and ``lower`` sizes, a
+    sub-bucket's too), at their upper bound as well."""
     from ctbuild import runtime
     from ctbuild.arch import Arch
     from ctbuild.cache import Store
@@ -121,35 +127,69 @@ def measured_rows(cache: Path, configs: list[Path]) -> list[dict[str, Any]]:
     device = current_device()
     store = Store(cache)
     fp = toolchain_for(store)
-    runtime.configure(store=Store(cache, readonly=True), mode="default")
-    rows = []
+    points = []  # (kernel, bucket, record key, sizes, spec)
     for config in configs:
         for kernel in load_project(config).kernels():
-            benches = Benches(kernel, store, fp, device)
             for bucket in kernel.buckets.values():
-                for sizes in check_sizes(bucket):
-                    spec = concretize(bucket.declared, sizes)
-                    served = kernel.explain(*[spec[p] for p in kernel.params],
-                                            arch=device.arch, gpu=device.name)
-                    if served.get("config_from") != "record":
-                        continue  # not tuned on this GPU
-                    cands = list(kernel.candidates(spec, Arch(device.arch)).kept)
-                    won = next((c for c in cands if c.to_json() == served["config"]), None)
-                    if won is None:
-                        continue
-                    result = race(cands, benches.on_spec(spec).sample, TieBand(1.0),
-                                  RaceBudget(min_rounds=5, max_rounds=20, max_seconds=1.5))
-                    times = {t.config: t.mean_us for t in result.timings}
-                    if won not in times:
-                        continue
-                    fastest = min(times, key=lambda c: times[c])
-                    rows.append({"kernel": kernel.name, "bucket": bucket.to_json(),
-                                 "sizes": sizes, "sub_bucket": served.get("sub_bucket"),
-                                 "served": served["config"], "fastest": fastest.to_json(),
-                                 "regret_pct": round(100 * (times[won] / times[fastest] - 1),
-                                                     3)})
-    runtime.reset()
+                for key, judged in _buckets_of(kernel, bucket, keys):
+                    extra = [dict(judged.sizes)] if keys is not None else []
+                    for sizes in check_sizes(judged) + extra:
+                        points.append((kernel, bucket, key, sizes,
+                                       concretize(bucket.declared, sizes)))
+    served: list[list[dict[str, Any]]] = [[] for _ in points]
+    for where in (cache, *also):  # what each tune's records serve at each point
+        runtime.configure(store=Store(where, readonly=True), mode="default")
+        for mine, (kernel, _, _, _, spec) in zip(served, points):
+            mine.append(kernel.explain(*[spec[p] for p in kernel.params], arch=device.arch,
+                                       gpu=device.name))
+        runtime.reset()
+    rows = []
+    benches: dict[str, Any] = {}
+    for (kernel, bucket, key, sizes, spec), told in zip(points, served):
+        if any(t.get("config_from") != "record" for t in told):
+            continue  # not tuned on this GPU
+        cands = list(kernel.candidates(spec, Arch(device.arch)).kept)
+        won = [next((c for c in cands if c.to_json() == t["config"]), None) for t in told]
+        if None in won:
+            continue
+        bench = benches.setdefault(kernel.name, Benches(kernel, store, fp, device))
+        result = race(cands, bench.on_spec(spec).sample,
+                      TieBand(1.0), RaceBudget(min_rounds=5, max_rounds=20, max_seconds=1.5))
+        times = {t.config: t.mean_us for t in result.timings}
+        if any(w not in times for w in won):
+            continue
+        fastest = min(times, key=lambda c: times[c])
+        loss = [round(100 * (times[w] / times[fastest] - 1), 3) for w in won]
+        rows.append({"kernel": kernel.name, "bucket": bucket.to_json(), "key": key,
+                     "sizes": sizes, "sub_bucket": told[0].get("sub_bucket"),
+                     "served": told[0]["config"], "fastest": fastest.to_json(),
+                     "regret_pct": loss[0],
+                     "also": [{"served": t["config"], "regret_pct": x}
+                              for t, x in zip(told[1:], loss[1:])]})
     return rows
+
+
+def _buckets_of(kernel: Any, bucket: Any, keys: Mapping[str, Mapping[str, dict[str, int]]] | None
+                ) -> list[tuple[str, Any]]:
+    """(record key, bucket to draw sizes in) for a declared ``bucket``: itself, or with
+    ``keys`` the records' buckets inside it (the declared one, or sub-buckets of a split)."""
+    from ctbuild.dims import Bucket, concretize
+
+    def key_at(sizes: dict[str, int]) -> str:
+        return json.dumps([kernel.name, kernel.tuning_key(concretize(bucket.declared, sizes))])
+    if keys is None:
+        return [(key_at(dict(bucket.sizes)), bucket)]
+    low, top = bucket.lower_bounds(), dict(bucket.sizes)
+    out = []
+    for key, rec in keys.items():
+        upper, lower = rec.get("bucket") or {}, rec.get("lower") or {}
+        if set(upper) != set(top) or set(lower) != set(top) or not all(
+                low[n] <= lower[n] <= upper[n] <= top[n] for n in top):
+            continue
+        if key_at(upper) == key:
+            out.append((key, Bucket(bucket.declared, tuple(sorted(upper.items())),
+                                    tuple(sorted(lower.items())))))
+    return out
 
 
 def print_measured(rows: list[dict[str, Any]], gpu: str) -> None:

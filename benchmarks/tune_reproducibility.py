@@ -17,11 +17,16 @@
    - each run's tune time, and its measuring time against the part spent screening (cuTile's
      search alone, what tuning cost before the output check, the race and the buckets' sizes).
 
-A bucket's winner is compared on its worst loss over the bucket's sizes (the record's span
-ties); a key's own winner on its race (else screening) times. Two records with the same winner
-that serve a layout class otherwise are compared on the worst loss over the other's raced
-sizes with each one's config per class; where a wave table chooses, or a config the other did
-not time serves a size, the disagreement is counted as not judged (neither inside nor outside).
+A key's own winner is compared on its race (else screening) times, in each run's data. A
+disagreement at a `Dim` bucket is measured on the GPU after both tunes: the records cannot judge
+it (a run that split the bucket serves most of its sizes from another record; a wave table
+chooses per call; a record times each config only at its own sizes). At the bucket's upper
+bound and the sizes `bucket_regret.py --measure` draws inside it, what each run serves there
+(`explain` on each cache) races every candidate, and the two runs' worst losses are compared:
+within the band of each other is inside the tie set. Without a GPU's answer (a size neither
+serves from a record), the records judge: a bucket's winner on its worst loss over the bucket's
+sizes, two records with the same winner on their class configs over the other's raced sizes,
+or not judged where a wave table chooses.
 
 Targets (an H100 or H200): agreement of at least 98% of keys, every disagreement inside the
 other run's tie set, measuring at most 1.5x the screening alone.
@@ -205,6 +210,35 @@ def compare(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], band_pct
             "disagreements": regrets}
 
 
+def measured_judgment(disagreements: list[dict[str, Any]], ra: dict[str, dict[str, Any]],
+                      cache_a: Path, cache_b: Path, configs: list[Path], band_pct: float
+                      ) -> None:
+    """Judge the disagreements at `Dim` buckets on the GPU, replacing the records' judgment:
+    a record holds no time of a config the other run serves at most sizes (a split moves a
+    size to another record, a wave table chooses per call). At the bucket's upper bound and
+    the sizes `bucket_regret.check_sizes` draws inside it, both runs' served configs
+    (`TunedKernel.explain` on each cache) race every candidate; a disagreement is inside
+    the tie set where the two worst losses are within the band of each other."""
+    from bucket_regret import measured_rows
+    keys = {d["key"]: ra[d["key"]]["regret"] for d in disagreements
+            if ra[d["key"]].get("regret")}
+    if not keys:
+        return
+    worst: dict[str, list[float]] = {}
+    for row in measured_rows(cache_a, configs, also=[cache_b], keys=keys):
+        mine = worst.setdefault(row["key"], [0.0, 0.0, 0])
+        mine[0] = max(mine[0], row["regret_pct"])
+        mine[1] = max(mine[1], row["also"][0]["regret_pct"])
+        mine[2] += 1
+    for d in disagreements:
+        if d["key"] in worst:
+            wa, wb, n = worst[d["key"]]
+            gap = 100 * ((1 + max(wa, wb) / 100) / (1 + min(wa, wb) / 100) - 1)
+            d.update({"regret_pct": round(gap, 3), "timed_in": [f"measured at {n} sizes"],
+                      "in_other_tie_set": gap <= band_pct,
+                      "measured_worst_pct": {"a": wa, "b": wb, "sizes": n}})
+
+
 def _tie_word(inside: bool | None) -> str:
     if inside is None:
         return "not judged: a wave table or an untimed config serves a class"
@@ -246,6 +280,8 @@ def main() -> int:
             gpu = out["gpu"]
     ra, rb = records(cache_a), records(cache_b)
     result = compare(ra, rb, float(args.tie_band.rstrip("%")))
+    measured_judgment(result["disagreements"], ra, cache_a, cache_b, configs,
+                      float(args.tie_band.rstrip("%")))
     regrets = [d["regret_pct"] for d in result["disagreements"]]
     result.update({
         "gpu": gpu, "tie_band_pct": float(args.tie_band.rstrip("%")),
@@ -265,9 +301,12 @@ def main() -> int:
           f"({result['agree_pct']:.1f}%); fastest-screened agreement (no tie rule, no runoff): "
           f"{result['fastest_screened_agree_pct']:.1f}%")
     for d in result["disagreements"]:
+        served = d.get("measured_worst_pct")
+        losses = (f"; worst served loss a {served['a']:.2f}%, b {served['b']:.2f}%"
+                  if served else "")
         print(f"  differs: {d['key']}  a={d['a']} ({d['rule_a']})  b={d['b']} ({d['rule_b']})  "
-              f"regret {d['regret_pct']:.2f}% (timed in {', '.join(d['timed_in']) or '-'}; "
-              f"{_tie_word(d['in_other_tie_set'])})")
+              f"regret {d['regret_pct']:.2f}% (timed in {', '.join(d['timed_in']) or '-'}"
+              f"{losses}; {_tie_word(d['in_other_tie_set'])})")
     print(f"regret of disagreements: median {result['regret_median_pct']:.2f}%, "
           f"max {result['regret_max_pct']:.2f}%")
     print(f"disagreements outside the other run's tie set: {result['outside_tie_sets']}; "
