@@ -2,6 +2,9 @@
 that changed fails with one error naming each changed hook."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import cuda.tile as ct
 import cuda.tile._cext as cext
 import pytest
@@ -86,6 +89,27 @@ def test_compiles_are_counted_per_thread_by_one_wrapper() -> None:
     thread.join()
     assert other == [1]
     assert cutile.compiles_in_this_thread() == before
+
+
+COUNT_BEFORE_THE_COMPILER_LOADS = """
+import sys
+import pytest
+from ctbuild import cutile
+assert cutile.compiles_in_this_thread() == 0
+assert "cuda.tile._compile" not in sys.modules, "counting loaded the compiler"
+with pytest.raises(TypeError):  # not a function: cuTile refuses it, after the wrapper counts
+    cutile.compiler().compile_tile(None, (), "sm_90", None, None)
+print(cutile.compiles_in_this_thread())
+"""
+
+
+def test_counting_begun_before_the_compiler_loads_counts_its_compiles() -> None:
+    """In a process that has not loaded cuTile's compiler, counting does not load it (a tune
+    that compiles nothing never pays its import), and a compile once it loads is counted."""
+    r = subprocess.run([sys.executable, "-c", COUNT_BEFORE_THE_COMPILER_LOADS],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1"]
 
 
 def test_serving_kernel_serves_through_the_compile_hook() -> None:
