@@ -78,7 +78,8 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
 @dataclass
 class _Watch:
     """What the supervisor saw of one child process: the entry it was tuning (None between
-    entries) and the candidate it last started measuring, from its events; whether it stalled."""
+    entries) and the candidate it last started measuring, from its events; how far its events
+    file was read; whether it stalled."""
     current: int | None = None
     last_cfg: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
@@ -192,4 +193,8 @@ def _read_events(path: Path, watch: _Watch) -> list[dict[str, Any]]:
         return []
     whole = chunk[:chunk.rfind(b"\n") + 1]
     watch.offset += len(whole)
-    return [json.loads(line) for line in whole.splitlines() if line.strip()]
+    out = []
+    for line in whole.splitlines():
+        with contextlib.suppress(ValueError):  # not one of the child's lines: nothing to follow
+            out.append(json.loads(line))
+    return out
