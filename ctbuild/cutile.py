@@ -274,6 +274,8 @@ def _installed_series() -> Series:
 # ---- counting cuTile's own compiles -------------------------------------------------------------
 _COMPILES = threading.local()
 _COUNTING_INSTALLED = threading.Lock()
+#: Whether `_install_compile_count` ran (the wrapper is on, or `_CountOnLoad` waits for the module).
+_COUNT_HOOKED = False
 
 
 def _install_compile_count() -> None:
@@ -296,9 +298,6 @@ def _install_compile_count() -> None:
             _count_compiles(loaded)
         else:
             sys.meta_path.insert(0, _CountOnLoad())
-
-
-_COUNT_HOOKED = False
 
 
 def _count_compiles(cc: ModuleType) -> None:
