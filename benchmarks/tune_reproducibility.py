@@ -140,7 +140,13 @@ def _class_tie(mine: dict[str, Any], rec: dict[str, Any], band_pct: float
         else:
             return None
         worst_mine, worst_own = max(worst_mine, loss), max(worst_own, row["regret_pct"])
-    as_time = [Timing(Config({}), 1 + w / 100, 0.0, 1) for w in (worst_mine, worst_own)]
+    return _losses_tie(worst_mine, worst_own, band_pct)
+
+
+def _losses_tie(worst: float, other: float, band_pct: float) -> tuple[float, bool]:
+    """(how much slower a worst loss of ``worst`` percent serves than one of ``other``, in
+    percent; whether the tie rule (`ties_with`) ties the two)."""
+    as_time = [Timing(Config({}), 1 + w / 100, 0.0, 1) for w in (worst, other)]
     return (100 * (as_time[0].mean_us / as_time[1].mean_us - 1),
             ties_with(as_time[0], as_time[1], TieBand(band_pct)))
 
@@ -218,7 +224,7 @@ def measured_judgment(disagreements: list[dict[str, Any]], ra: dict[str, dict[st
     size to another record, a wave table chooses per call). At the bucket's upper bound and
     the sizes `bucket_regret.check_sizes` draws inside it, both runs' served configs
     (`TunedKernel.explain` on each cache) race every candidate; a disagreement is inside
-    the tie set where the two worst losses are within the band of each other."""
+    the tie set where the tie rule ties the two worst losses (within the band)."""
     from bucket_regret import measured_rows
     keys = {d["key"]: ra[d["key"]]["regret"] for d in disagreements
             if ra[d["key"]].get("regret")}
@@ -233,9 +239,9 @@ def measured_judgment(disagreements: list[dict[str, Any]], ra: dict[str, dict[st
     for d in disagreements:
         if d["key"] in worst:
             wa, wb, n = worst[d["key"]]
-            gap = 100 * ((1 + max(wa, wb) / 100) / (1 + min(wa, wb) / 100) - 1)
+            gap, tied = _losses_tie(max(wa, wb), min(wa, wb), band_pct)
             d.update({"regret_pct": round(gap, 3), "timed_in": [f"measured at {n} sizes"],
-                      "in_other_tie_set": gap <= band_pct,
+                      "in_other_tie_set": tied,
                       "measured_worst_pct": {"a": wa, "b": wb, "sizes": n}})
 
 
