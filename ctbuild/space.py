@@ -33,7 +33,14 @@ class Config(Mapping[str, Any]):
         object.__setattr__(self, "_hash", digest)
         object.__setattr__(self, "_owner", owner)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copied and pickled by its values (`copy.deepcopy` of a config, or of a space or
+        record holding one, would otherwise set its read-only slots)."""
+        return (Config, (self._values, self._owner))
+
     def __getattr__(self, name: str) -> Any:
+        if name in Config.__slots__:  # not set yet: an object being built, not an axis
+            raise AttributeError(name)
         try:
             return self._values[name]
         except KeyError:

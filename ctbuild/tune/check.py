@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from ..space import Config
 from ..specs import Workload, dtype_name
+from .race import ContextLost
 
 if TYPE_CHECKING:
     from ..declare import TunedKernel
@@ -69,6 +70,8 @@ class OutputCheck:
         self.restore()
         try:
             self.launch(cfg)
+        except ContextLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - a failing launch is the candidate's verdict
             return f"check: {type(exc).__name__}: {exc}"
         return None

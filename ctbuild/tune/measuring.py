@@ -31,7 +31,7 @@ from ..specs import Workload
 from .check import OutputCheck
 from .choice import Choice, TieBand, Timing, choose
 from .inputs import make_inputs
-from .race import FINALS_BUDGET, SPAN_BUDGET, RaceBudget, RaceResult, finalists, race
+from .race import FINALS_BUDGET, SPAN_BUDGET, ContextLost, RaceBudget, RaceResult, finalists, race
 from .span import DEFAULT_SPLITS, Group, Span
 from .span_sizes import span_sizes
 from .waves import serve
@@ -97,7 +97,7 @@ class Bench:
     kernel_for: Callable[[Config], ServedKernel]
     on_candidate: Callable[[Config], None] | None = None
     inplace: InPlace = field(init=False)
-    _last: Config | None = field(default=None, init=False)
+    _told: set[Config] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self.inplace = InPlace(self.tuned, self.inputs)
@@ -106,10 +106,12 @@ class Bench:
         return self.tuned.grid(cfg, self.inputs, self.grid_dev)
 
     def args(self, cfg: Config) -> tuple:
-        """The launch's arguments, in-place ones restored; tells ``on_candidate`` first when the
-        candidate changes (who to blame if the process dies)."""
-        if self.on_candidate is not None and cfg != self._last:
-            self._last = cfg
+        """The launch's arguments, in-place ones restored; tells ``on_candidate`` first before
+        a candidate's first launch on these inputs (who to blame if the process dies: a launch
+        that faults or hangs is a first one; telling every switch of a race's rotation wrote
+        11,000 events a tune, 0.4 s of a measuring process)."""
+        if self.on_candidate is not None and cfg not in self._told:
+            self._told.add(cfg)
             self.on_candidate(cfg)
         if self.inplace:
             self.inplace.prepare()
@@ -117,8 +119,25 @@ class Bench:
 
     def sample(self, cfg: Config) -> float:
         """Microseconds of one launch of ``cfg`` (CUDA graph, L2 flushed before it)."""
-        return cutile.benchmark_sample(self.stream, self.grid(cfg), self.kernel_for(cfg),
-                                       self.args(cfg))
+        try:
+            return cutile.benchmark_sample(self.stream, self.grid(cfg), self.kernel_for(cfg),
+                                           self.args(cfg))
+        except Exception as exc:
+            self._raise_if_lost(cfg, exc)
+            raise
+
+    def _raise_if_lost(self, cfg: Config, exc: Exception) -> None:
+        """After ``cfg``'s launch raised: `ContextLost` where it broke the CUDA context,
+        ``cfg`` told to ``on_candidate`` last (the supervisor excludes the candidate it heard
+        of last; every launch after the fault fails too, and a race that went on blamed the
+        last of them); nothing where the context still works (the candidate failed alone)."""
+        import torch
+        if not torch.cuda.is_available() or context_ok():
+            return
+        if self.on_candidate is not None:
+            self.on_candidate(cfg)
+        raise ContextLost(f"{cfg.to_json()} broke the CUDA context: "
+                          f"{type(exc).__name__}: {exc}") from exc
 
     def screen(self, n: int, order: Callable[[], Iterator[Config]], timeout_s: float | None
                ) -> tuple[list[Timing], list[dict[str, Any]], str | None]:
@@ -141,8 +160,23 @@ class Bench:
     def launch_once(self, cfg: Config) -> None:
         """Leave the caller-visible tensors as after one clean launch of ``cfg``."""
         import cuda.tile as ct
-        ct.launch(self.stream, self.grid(cfg), self.kernel_for(cfg), self.args(cfg))
-        self.stream.synchronize()
+        try:
+            ct.launch(self.stream, self.grid(cfg), self.kernel_for(cfg), self.args(cfg))
+            self.stream.synchronize()
+        except Exception as exc:
+            self._raise_if_lost(cfg, exc)
+            raise
+
+
+def context_ok() -> bool:
+    """Whether this process's CUDA context still works (a fault makes it sticky-broken)."""
+    import torch
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def explain_failure(etype: type, msg: str) -> str:
@@ -226,11 +260,11 @@ def measure_span(bucket: Bucket, contenders: Sequence[Config], top: dict[Config,
         started = time.perf_counter()
         result = race(raced, timer_for(concretize(bucket.declared, sizes[i])), band,
                       SPAN_BUDGET) if len(raced) > 1 else None
+        failures += [{"config": c.to_json(), "error": f"at {sizes[i]}: {why}"}
+                     for c, why in (result.failures if result is not None else ())]
         if result is None or not result.timings:
             problems.append(f"{sizes[i]}: no candidate could be timed")
             continue
-        failures += [{"config": c.to_json(), "error": f"at {sizes[i]}: {why}"}
-                     for c, why in result.failures]
         times[i] = {t.config: t for t in result.timings}
         near |= _near(times[i])
         races[i] = {"raced": len(raced), "rounds": result.rounds, "stopped": result.stopped,

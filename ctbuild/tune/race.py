@@ -24,7 +24,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from ..space import Config
 from .choice import TieBand, Timing
@@ -35,6 +35,13 @@ MAX_FINALISTS = 6
 FINALIST_BANDS = 3.0
 #: After the first round, a candidate this much slower than the fastest leaves the race.
 COARSE_FACTOR = 1.25
+
+
+class ContextLost(RuntimeError):
+    """A launch broke this process's CUDA context: nothing more can be measured in it. Not a
+    candidate's failure: every launch after it fails too, and the race must stop at once, the
+    culprit told last (`ctbuild.tune.measuring.Bench`), so that the supervisor restarts the
+    measuring process without it (`ctbuild.tune.supervisor`)."""
 
 
 @dataclass(frozen=True)
@@ -105,11 +112,13 @@ def t_quantile(df: int) -> float:
 
 
 def round_timings(rounds: Sequence[dict[Config, float]],
-                  reference: Sequence[Config] | None = None) -> list[Timing]:
+                  reference: Sequence[Config] | None = None,
+                  only: Collection[Config] | None = None) -> list[Timing]:
     """Each candidate's drift-cancelled time over ``rounds`` (each round: config -> its median
     time in that round). Every round is divided by the geometric mean of the ``reference``
     configs (default: those in every round), which every round holds: so a candidate dropped
-    after a few rounds is on the same clock as those measured to the end."""
+    after a few rounds is on the same clock as those measured to the end. ``only``: the
+    candidates to time (default: every one); the race asks for its live ones every round."""
     if not rounds:
         return []
     ref = list(reference) if reference is not None else \
@@ -118,6 +127,8 @@ def round_timings(rounds: Sequence[dict[Config, float]],
     scale = math.exp(_mean([math.log(g) for g in means]))
     out = []
     for cfg in dict.fromkeys(c for r in rounds for c in r):
+        if only is not None and cfg not in only:
+            continue
         ratios = [r[cfg] / g for r, g in zip(rounds, means) if cfg in r]
         n, mean = len(ratios), _mean(ratios)
         sd = math.sqrt(math.fsum((x - mean) ** 2 for x in ratios) / (n - 1)) if n > 1 else 0.0
@@ -167,22 +178,26 @@ def race(configs: Sequence[Config], sample: Callable[[Config], float], band: Tie
     started = time.perf_counter()
     stopped = "budget: rounds"
     for r in range(budget.max_rounds):
+        before = len(failures)
         times = _round(live, r, sample, budget.samples_per_round, failures)
-        kept = set(times) | set(dropped)
-        rounds = [{c: t for c, t in rd.items() if c in kept} for rd in rounds]
+        if len(failures) > before:  # a failed candidate leaves every round, not just this one
+            kept = set(times) | set(dropped)
+            rounds = [{c: t for c, t in rd.items() if c in kept} for rd in rounds]
         if times:
             rounds.append(times)
         if len(live) < 2:
             stopped = "one candidate left"
             break
-        now = _live(rounds, live)
-        dropped += [t.config for t in _dropped(now, band, coarse=len(rounds) == 1)]
-        gone = set(dropped)
-        live = [c for c in live if c not in gone]
-        if len(live) < 2:
-            stopped = "one candidate left"
-            break
-        now = _live(rounds, live)
+        now = round_timings(rounds, live, set(live))
+        out = [t.config for t in _dropped(now, band, coarse=len(rounds) == 1)]
+        if out:
+            dropped += out
+            gone = set(out)
+            live = [c for c in live if c not in gone]
+            if len(live) < 2:
+                stopped = "one candidate left"
+                break
+            now = round_timings(rounds, live, set(live))  # on the clock of those left
         if len(rounds) >= budget.min_rounds and decided(now, band):
             stopped = "decided"
             break
@@ -195,12 +210,6 @@ def race(configs: Sequence[Config], sample: Callable[[Config], float], band: Tie
     timings = round_timings(rounds, live) if live else []
     return RaceResult(tuple(_finite(t) for t in timings), len(rounds), stopped,
                       tuple(failures), tuple(dropped))
-
-
-def _live(rounds: Sequence[dict[Config, float]], live: Sequence[Config]) -> list[Timing]:
-    """The timings of the candidates still in the race."""
-    alive = set(live)
-    return [t for t in round_timings(rounds, live) if t.config in alive]
 
 
 def _round(live: list[Config], r: int, sample: Callable[[Config], float], samples: int,
@@ -217,6 +226,8 @@ def _round(live: list[Config], r: int, sample: Callable[[Config], float], sample
             if r == 0:
                 sample(cfg)  # untimed: a first launch at a new size loads its CUBIN
             times[cfg] = statistics.median(sample(cfg) for _ in range(samples))
+        except ContextLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - one candidate failing leaves the others
             failures.append((cfg, f"{type(exc).__name__}: {exc}"))
             live.remove(cfg)

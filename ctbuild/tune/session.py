@@ -24,9 +24,10 @@ from ..toolchain import toolchain_for
 from .choice import DEFAULT_BAND_PERCENT, TieBand
 from .claims import Claims
 from .gate import Gate
+from .measuring import context_ok
 from .recorded import recorded_workloads
 from .span import DEFAULT_SPLITS
-from .tuner import Device, TuneSettings, context_ok, current_device, record_key, tune_workload
+from .tuner import Device, TuneSettings, current_device, record_key, tune_workload
 from .warm import wait_for_spec
 
 if TYPE_CHECKING:

@@ -365,14 +365,3 @@ def _by_class(group: Group | None, m: Measured) -> dict[str, Any] | None:
         out[k] = {"config": group.for_class(k).to_json(),
                   "waves": table.to_json()}
     return out or None
-
-
-def context_ok() -> bool:
-    """Whether this process's CUDA context still works (a fault makes it sticky-broken)."""
-    import torch
-    try:
-        torch.cuda.synchronize()
-        torch.zeros(1, device="cuda").add_(1).item()
-        return True
-    except Exception:  # noqa: BLE001
-        return False

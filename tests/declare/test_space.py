@@ -43,6 +43,18 @@ def test_config_attribute_and_item_access() -> None:
     assert Config({"a": 1}) == {"a": 1} and hash(Config({"a": 1})) == hash(Config({"a": 1}))
 
 
+def test_a_config_copies_and_pickles_as_its_values() -> None:
+    """copy, deepcopy and pickle go through the values: building the object first set its
+    read-only slots (deepcopy raised) or looked an unset slot up as an axis (RecursionError)."""
+    import copy
+    import pickle
+    cfg = Config({"TM": 64, "TN": [1, 2]}, owner="k")
+    for twin in (copy.copy(cfg), copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert twin == cfg and hash(twin) == hash(cfg) and twin.TM == 64
+        assert dict(twin) == {"TM": 64, "TN": [1, 2]}
+    assert copy.deepcopy({cfg: [cfg]}) == {cfg: [cfg]}
+
+
 @pytest.mark.parametrize("n,cap", [(100, 30), (31, 30), (10, 3), (50, 1)])
 def test_cap_is_deterministic_and_keeps_default(n: int, cap: int) -> None:
     configs = [Config({"i": i}) for i in range(n)]

@@ -128,6 +128,7 @@ def test_round_timings_and_decided():
     ts = {t.config: t for t in round_timings(rounds)}
     assert ts[cfg(128)].mean_us / ts[cfg(64)].mean_us == pytest.approx(2.0)
     assert ts[cfg(64)].ci_us == pytest.approx(0.0, abs=1e-9)           # drift cancelled
+    assert round_timings(rounds, only={cfg(128)}) == [ts[cfg(128)]]       # the same clock
     assert decided(list(ts.values()), TieBand(2.0))
     close = [timing(64, 100, 1.5), timing(128, 101, 1.5)]                 # could be either
     assert not decided(close, TieBand(2.0))
@@ -459,6 +460,30 @@ def test_sizes_between_the_bounds_race_only_who_was_near_somewhere():
     assert concretize(b.declared, span.sizes[0])["X"].shape == (low,)
     groups, _ = span.split(SPACE + [cfg(t) for t in (64,)], None, TieBand(2.0), limit=3)
     assert cfg(256) not in {g.winner for g in groups}
+
+
+def test_a_size_no_candidate_could_be_timed_at_keeps_their_failures():
+    """Every candidate raises at the lower bound (a CUBIN missing for its layout class, a
+    launch error): the size is left out, and each candidate's error there is a failure of the
+    key naming the size. They were dropped with the size: a tune reported no failure at all
+    while a third of the bucket's sizes could not be launched."""
+    from ctbuild.tune.measuring import measure_span
+    w = Workload({"X": Tensor((Dim("M", 1, 1024),), "float16")})
+    [b] = [b for b in buckets(w) if b.to_json() == {"M": 1024}]
+    low = b.lower_bounds()["M"]
+
+    def timer_for(cw):
+        def sample(c: Config) -> float:
+            if cw["X"].shape[0] == low:
+                raise RuntimeError(f"no CUBIN for TILE={c['TILE']}")
+            return float(c["TILE"])
+        return sample
+    top = {cfg(t): Timing(cfg(t), float(t), 0.0, 5) for t in (64, 128)}
+    span, failures = measure_span(b, list(top), top, timer_for, TieBand(2.0))
+    assert {s["M"] for s in span.sizes}.isdisjoint({low})
+    assert sorted(f["config"]["TILE"] for f in failures) == [64, 128]
+    assert all(f"at {{'M': {low}}}: RuntimeError: no CUBIN" in f["error"] for f in failures)
+    assert span.problems[0] == f"{{'M': {low}}}: no candidate could be timed"
 
 
 def test_a_span_race_of_a_tiny_kernel_stops_once_timed_to_its_floor():
