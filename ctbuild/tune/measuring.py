@@ -98,6 +98,7 @@ class Bench:
     on_candidate: Callable[[Config], None] | None = None
     inplace: InPlace = field(init=False)
     _told: set[Config] = field(default_factory=set, init=False)
+    _last: Config | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.inplace = InPlace(self.tuned, self.inputs)
@@ -105,14 +106,21 @@ class Bench:
     def grid(self, cfg: Config) -> tuple[int, ...]:
         return self.tuned.grid(cfg, self.inputs, self.grid_dev)
 
-    def args(self, cfg: Config) -> tuple:
-        """The launch's arguments, in-place ones restored; tells ``on_candidate`` first before
-        a candidate's first launch on these inputs (who to blame if the process dies: a launch
-        that faults or hangs is a first one; telling every switch of a race's rotation wrote
-        11,000 events a tune, 0.4 s of a measuring process)."""
-        if self.on_candidate is not None and cfg not in self._told:
+    def tell(self, cfg: Config, always: bool = False) -> None:
+        """Tell ``on_candidate`` that ``cfg`` launches next (the supervisor blames the one it
+        heard of last if the process dies or stalls): before its first launch on these inputs,
+        or with ``always`` whenever the candidate changes. A race's samples tell first launches
+        only: its rotation told every switch, 11,000 events a tune, 0.4 s of a measuring
+        process; a launch that faults is a first one, or says so (`_raise_if_lost`)."""
+        if self.on_candidate is not None and (cfg not in self._told or
+                                              (always and cfg != self._last)):
             self._told.add(cfg)
+            self._last = cfg
             self.on_candidate(cfg)
+
+    def args(self, cfg: Config) -> tuple:
+        """The launch's arguments, in-place ones restored (`tell` first)."""
+        self.tell(cfg)
         if self.inplace:
             self.inplace.prepare()
         return self.tuned.kernel_args(cfg, self.inputs)
@@ -134,8 +142,7 @@ class Bench:
         import torch
         if not torch.cuda.is_available() or context_ok():
             return
-        if self.on_candidate is not None:
-            self.on_candidate(cfg)
+        self.tell(cfg, always=True)
         raise ContextLost(f"{cfg.to_json()} broke the CUDA context: "
                           f"{type(exc).__name__}: {exc}") from exc
 
@@ -158,8 +165,10 @@ class Bench:
         return timings, failures, None
 
     def launch_once(self, cfg: Config) -> None:
-        """Leave the caller-visible tensors as after one clean launch of ``cfg``."""
+        """Leave the caller-visible tensors as after one clean launch of ``cfg`` (the output
+        check's launches: each told, a hang there is this one's)."""
         import cuda.tile as ct
+        self.tell(cfg, always=True)
         try:
             ct.launch(self.stream, self.grid(cfg), self.kernel_for(cfg), self.args(cfg))
             self.stream.synchronize()
