@@ -15,6 +15,7 @@ Both take their arguments from `Bench.args`, which restores ``restore=`` argumen
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -96,6 +97,7 @@ class Bench:
     grid_dev: Any
     kernel_for: Callable[[Config], ServedKernel]
     on_candidate: Callable[[Config], None] | None = None
+    on_launch: Callable[[Config | None], None] | None = None
     inplace: InPlace = field(init=False)
     _told: set[Config] = field(default_factory=set, init=False)
     _last: Config | None = field(default=None, init=False)
@@ -106,17 +108,34 @@ class Bench:
     def grid(self, cfg: Config) -> tuple[int, ...]:
         return self.tuned.grid(cfg, self.inputs, self.grid_dev)
 
-    def tell(self, cfg: Config, always: bool = False) -> None:
-        """Tell ``on_candidate`` that ``cfg`` launches next (the supervisor blames the one it
-        heard of last if the process dies or stalls): before its first launch on these inputs,
-        or with ``always`` whenever the candidate changes. A race's samples tell first launches
-        only: its rotation told every switch, 11,000 events a tune, 0.4 s of a measuring
-        process; a launch that faults is a first one, or says so (`_raise_if_lost`)."""
-        if self.on_candidate is not None and (cfg not in self._told or
-                                              (always and cfg != self._last)):
-            self._told.add(cfg)
-            self._last = cfg
-            self.on_candidate(cfg)
+    def tell(self, cfg: Config, always: bool = False, launch: bool = False) -> bool:
+        """Tell the supervisor that ``cfg`` launches next (it blames the candidate it heard of
+        last if the process dies or stalls): before its first launch on these inputs, or with
+        ``always`` whenever the candidate changes; whether it told. ``launch``: through
+        ``on_launch`` where there is one (`watched`), else ``on_candidate``. A race's samples
+        tell first launches only: its rotation told every switch, 11,000 events a tune, 0.4 s
+        of a measuring process; a launch that faults is a first one, or says so
+        (`_raise_if_lost`)."""
+        to = self.on_launch if launch and self.on_launch is not None else self.on_candidate
+        if to is None or (cfg in self._told and (not always or cfg == self._last)):
+            return False
+        self._told.add(cfg)
+        self._last = cfg
+        to(cfg)
+        return True
+
+    @contextlib.contextmanager
+    def watched(self, cfg: Config, always: bool = False) -> Iterator[None]:
+        """Around a launch of ``cfg``: where it is one `tell` tells of, ``on_launch(cfg)``
+        before it and ``on_launch(None)`` once it returned, so that the supervisor kills a
+        process whose launch hangs (a config that hangs at one size of its bucket passes the
+        timed first launch at the top: the process waited out the whole key's budget)."""
+        told = self.tell(cfg, always, launch=True) and self.on_launch is not None
+        try:
+            yield
+        finally:
+            if told and self.on_launch is not None:
+                self.on_launch(None)
 
     def args(self, cfg: Config) -> tuple:
         """The launch's arguments, in-place ones restored (`tell` first)."""
@@ -128,8 +147,9 @@ class Bench:
     def sample(self, cfg: Config) -> float:
         """Microseconds of one launch of ``cfg`` (CUDA graph, L2 flushed before it)."""
         try:
-            return cutile.benchmark_sample(self.stream, self.grid(cfg), self.kernel_for(cfg),
-                                           self.args(cfg))
+            with self.watched(cfg):
+                return cutile.benchmark_sample(self.stream, self.grid(cfg),
+                                               self.kernel_for(cfg), self.args(cfg))
         except Exception as exc:
             self._raise_if_lost(cfg, exc)
             raise
@@ -168,10 +188,10 @@ class Bench:
         """Leave the caller-visible tensors as after one clean launch of ``cfg`` (the output
         check's launches: each told, a hang there is this one's)."""
         import cuda.tile as ct
-        self.tell(cfg, always=True)
         try:
-            ct.launch(self.stream, self.grid(cfg), self.kernel_for(cfg), self.args(cfg))
-            self.stream.synchronize()
+            with self.watched(cfg, always=True):
+                ct.launch(self.stream, self.grid(cfg), self.kernel_for(cfg), self.args(cfg))
+                self.stream.synchronize()
         except Exception as exc:
             self._raise_if_lost(cfg, exc)
             raise
@@ -314,11 +334,13 @@ class Benches:
     def __init__(self, tuned: TunedKernel, store: Store | None, fp: str, device: Device, *,
                  stream: Any = None, input_device: Any = None, seed: int = 0,
                  served: Callable[[Config], ServedKernel] | None = None,
-                 on_candidate: Callable[[Config], None] | None = None) -> None:
+                 on_candidate: Callable[[Config], None] | None = None,
+                 on_launch: Callable[[Config | None], None] | None = None) -> None:
         import torch
 
         from ..serve.served_kernel import CubinSource, ServedKernel
         self.tuned, self.seed, self.on_candidate = tuned, seed, on_candidate
+        self.on_launch = on_launch
         self.on_gpu = torch.cuda.is_available()
         self.stream = stream if stream is not None else torch.cuda.current_stream(device.index)
         self.grid_dev = cuda_device(device.index) if self.on_gpu else \
@@ -336,7 +358,7 @@ class Benches:
     def on(self, inputs: Workload) -> Bench:
         """A bench on these real inputs."""
         return Bench(self.tuned, inputs, self.stream, self.grid_dev, self.kernel_for,
-                     self.on_candidate)
+                     self.on_candidate, self.on_launch)
 
     def on_spec(self, spec: Workload) -> Bench:
         """A bench on random inputs made from specs (or the kernel's ``inputs`` hook)."""

@@ -19,6 +19,7 @@ from ..compile.compile_pool import CompilePool
 from ..compile.plan import job_for
 from ..declare import DEFAULT_CAP, TunedKernel
 from ..records import TuningRecord, stored_tuning
+from ..space import Config
 from ..specs import Workload, describe
 from ..toolchain import toolchain_for
 from .choice import DEFAULT_BAND_PERCENT, TieBand
@@ -137,11 +138,9 @@ def tune_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions, *,
                 ahead.submit([e])
             if on_event and found is None:
                 on_event({"event": "start", "entry": e.index})
-            cb = (lambda cfg, _i=e.index: on_event({"event": "candidate", "entry": _i,
-                                                    "config": cfg.to_json()})) \
-                if on_event else None
             s = _tune_one(e, found, store, opts, device, fp, ahead.pool,
-                          (exclude or {}).get(e.index), cb, workload_kwargs)
+                          (exclude or {}).get(e.index), _tellers(e.index, opts, on_event),
+                          workload_kwargs)
             if isolated and not context_ok():
                 # The CUDA context is broken: leave, unreported, so the supervisor restarts
                 # this entry without the candidate it last saw launching.
@@ -181,9 +180,26 @@ class _CompileAhead:
             self.pool.close()
 
 
+def _tellers(entry: int, opts: TuneOptions,
+             on_event: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    """The callbacks that tell the supervisor what an entry launches (`Bench.tell`): a
+    candidate measured next, and a launch that starts (``launching``, with the time it may
+    take: ``--timeout``) or returned (``launched``)."""
+    if on_event is None:
+        return {}
+
+    def candidate(cfg: Config) -> None:
+        on_event({"event": "candidate", "entry": entry, "config": cfg.to_json()})
+
+    def launch(cfg: Config | None) -> None:
+        on_event({"event": "launching", "entry": entry, "config": cfg.to_json(),
+                  "timeout": opts.timeout_s} if cfg is not None else {"event": "launched"})
+    return {"on_candidate": candidate, **({"on_launch": launch} if opts.timeout_s else {})}
+
+
 def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneOptions,
               device: Device, fp: str, pool: CompilePool | None,
-              exclude: Mapping[str, str] | None, cb: Callable[[Any], None] | None,
+              exclude: Mapping[str, str] | None, tellers: Mapping[str, Any],
               workload_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """One entry's summary: tuned, or skipped when it has a record."""
     rkey = record_key(e.kernel, e.workload, device, fp)
@@ -193,7 +209,7 @@ def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneO
         record = tune_workload(
             e.kernel, e.workload, store=store, toolchain_fp=fp, device=device,
             cap=opts.cap, timeout_s=opts.timeout_s, exclude=exclude, pool=pool,
-            on_candidate=cb, settings=opts.settings(e.kernel), **workload_kwargs)
+            settings=opts.settings(e.kernel), **tellers, **workload_kwargs)
         status = "tuned" if record.config is not None else "failed"
         return summarize(e, status, record, rkey,
                          "" if status == "tuned" else "no candidate could be measured")
@@ -258,7 +274,6 @@ def finals_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions,
         return
     import torch
 
-    from ..space import Config
     from .measuring import Benches
     from .race import race
     device = current_device()
@@ -267,10 +282,8 @@ def finals_entries(entries: Sequence[Entry], store: Store, opts: TuneOptions,
         for e in entries:
             on_event({"event": "start", "entry": e.index})
             cfgs = [Config(c, e.kernel.name) for c in configs.get(e.index, [])]
-
-            def blame(cfg: Config, index: int = e.index) -> None:
-                on_event({"event": "candidate", "entry": index, "config": cfg.to_json()})
-            bench = Benches(e.kernel, store, fp, device, on_candidate=blame).on_spec(e.workload)
+            bench = Benches(e.kernel, store, fp, device,
+                            **_tellers(e.index, opts, on_event)).on_spec(e.workload)
             result = race(cfgs, bench.sample, opts.settings().band) \
                 if len(cfgs) > 1 else None
             emit({"entry": e.index, "kernel": e.kernel.name, "status": "finals",

@@ -27,6 +27,9 @@ from .warm import hand, session_process
 #: or a lane's ``idle`` the fleet's finals wait on, is seen this late at most (a child's exit
 #: at once).
 EVENTS_POLL_S = 0.05
+#: Seconds a launch the child said is starting (``launching``) may take beyond its timeout
+#: (``--timeout``) before the child counts as hung: its CUBIN's load and the L2 flush.
+LAUNCH_SLACK_S = 5.0
 
 
 def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entry],
@@ -71,7 +74,7 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
             run.drop_claimed_elsewhere()
             if not run.remaining or (gate is not None and gate.stopped()):
                 break
-            run.restart(watch, proc.returncode, per_entry, max_restarts)
+            run.restart(watch, proc.returncode, max_restarts)
     return [run.results[e.index] for e in entries if e.index in run.results]
 
 
@@ -85,6 +88,20 @@ class _Watch:
     started: float = field(default_factory=time.monotonic)
     offset: int = 0
     stalled: bool = False
+    #: a launch under way: (when it started, the seconds it may take), from ``launching``
+    launch: tuple[float, float] | None = None
+    #: why it was killed, where it stalled
+    why: str = ""
+
+    def overdue(self, per_entry: float) -> str | None:
+        """Why the child counts as stalled now (None: it does not): one launch took longer
+        than its timeout (and `LAUNCH_SLACK_S`), or one entry longer than ``per_entry``."""
+        now = time.monotonic()
+        if self.launch is not None and now - self.launch[0] > self.launch[1] + LAUNCH_SLACK_S:
+            return f"a launch hung (killed after {now - self.launch[0]:.0f} s)"
+        if self.current is not None and now - self.started > per_entry:
+            return f"stalled (killed after {per_entry:.0f} s)"
+        return None
 
 
 class _Supervision:
@@ -116,6 +133,11 @@ class _Supervision:
                     watch.started = time.monotonic()
                 elif ev["event"] == "candidate":
                     watch.last_cfg = ev["config"]
+                elif ev["event"] == "launching":
+                    watch.last_cfg = ev["config"]
+                    watch.launch = (time.monotonic(), float(ev["timeout"]))
+                elif ev["event"] == "launched":
+                    watch.launch = None
                 elif ev["event"] == "done":
                     s = ev["summary"]
                     self.results[ev["entry"]] = s
@@ -130,8 +152,9 @@ class _Supervision:
                         self.on_event(ev)
             if rc is not None:
                 return watch
-            if watch.current is not None and time.monotonic() - watch.started > per_entry:
-                watch.stalled = True
+            why = watch.overdue(per_entry)
+            if why is not None:
+                watch.stalled, watch.why = True, why
                 proc.kill()
                 proc.wait()
                 return watch
@@ -150,14 +173,12 @@ class _Supervision:
             return self.remaining[0]
         return next((i for i in self.remaining if self.claims.take(i)), None)
 
-    def restart(self, watch: _Watch, returncode: int | None, per_entry: float,
-                max_restarts: int) -> None:
+    def restart(self, watch: _Watch, returncode: int | None, max_restarts: int) -> None:
         """After a child died or stalled: exclude the candidate it was measuring, so the next
         child tunes that entry without it; with no candidate to blame (or too many restarts),
         record the entry as failed instead."""
         self.restarts += 1
-        why = (f"stalled (killed after {per_entry:.0f} s)" if watch.stalled
-               else f"tuning process died (exit {returncode})")
+        why = watch.why if watch.stalled else f"tuning process died (exit {returncode})"
         culprit = watch.current if watch.current is not None else self._next()
         if culprit is None:  # every entry left was claimed by another lane meanwhile
             self.remaining.clear()

@@ -199,6 +199,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
                   configs: Sequence[Config] | None = None, exclude: Mapping[str, str] | None = None,
                   pool: CompilePool | None = None, write: bool = True, seed: int = 0,
                   on_candidate: Callable[[Config], None] | None = None,
+                  on_launch: Callable[[Config | None], None] | None = None,
                   stream: Any = None, input_device: Any = None,
                   served: Callable[[Config], ServedKernel] | None = None,
                   settings: TuneSettings | None = None,
@@ -213,7 +214,9 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     subprocess, which also contains faults; None: no subprocess). ``configs`` replaces the
     pruned space; ``exclude`` ({json config: reason}) records failures without launching.
     ``pool`` compiles absent CUBINs, pipelined (without it they are reported missing).
-    ``on_candidate`` is called before each config's first launch (supervision). ``served``
+    ``on_candidate`` is called before each config's first launch on each inputs, and
+    ``on_launch`` with the config before and None after those outside cuTile's search
+    (supervision: `ctbuild.tune.measuring.Bench.watched`). ``served``
     gives the kernel object per config (the runtime's JIT-compiles a miss under its policy;
     ``store`` may then be None). ``settings``: tie band, race budget, span switch, split
     limit. ``bucket``: the `Dim` bucket ``w`` represents (default: the declared one), measured
@@ -236,7 +239,8 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     plan = plan_candidates(tuned, spec, device.arch, fp, cap, configs, dict(exclude or {}))
     order, n_measure = arrivals(plan, tuned, store, device.arch, fp, pool, served is not None)
     benches = Benches(tuned, store, fp, device, stream=stream, input_device=input_device,
-                      seed=seed, served=served, on_candidate=on_candidate)
+                      seed=seed, served=served, on_candidate=on_candidate,
+                      on_launch=on_launch)
     bench = benches.on(Workload(dict(w))) if real else benches.on_spec(spec)
     counter = CompileCounter()
     with (torch.cuda.device(device.index) if benches.on_gpu else contextlib.nullcontext()), \

@@ -22,3 +22,35 @@ def test_events_are_read_once_each_and_a_half_written_line_waits(tmp_path: Path)
     assert _read_events(path, watch) == [second]  # the rest of the line; garbage is skipped
     assert _read_events(path, watch) == []  # nothing is read twice
     assert watch.offset == path.stat().st_size
+
+
+def test_a_child_whose_launch_hangs_is_killed_and_that_candidate_excluded(tmp_path: Path) -> None:
+    """A real child says it launches T=1 (which returns), then T=2, and never returns: it is
+    killed once T=2's launch has taken its timeout and the slack, long before the entry's
+    budget, and T=2 is the candidate the next child tunes without. (A config that hangs only
+    inside its bucket passes the timed first launch at the top: the child used to wait out
+    the entry's whole budget, 900 s with the default cap.)"""
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from ctbuild.tune.supervisor import LAUNCH_SLACK_S, _Supervision
+    events = tmp_path / "events.jsonl"
+    lines = [{"event": "start", "entry": 0},
+             {"event": "launching", "entry": 0, "config": {"T": 1}, "timeout": 0.1},
+             {"event": "launched"},
+             {"event": "launching", "entry": 0, "config": {"T": 2}, "timeout": 0.1}]
+    script = (f"import time\nf = open({str(events)!r}, 'a', buffering=1)\n"
+              f"f.write({''.join(json.dumps(e) + chr(10) for e in lines)!r})\ntime.sleep(120)\n")
+    run = _Supervision([SimpleNamespace(index=0)], None)  # type: ignore[list-item]
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    watch = run.follow(proc, events, per_entry=600.0)
+    took = time.monotonic() - started
+    assert proc.returncode is not None and watch.stalled and watch.last_cfg == {"T": 2}
+    assert watch.why.startswith("a launch hung") and LAUNCH_SLACK_S < took < 60
+    run.restart(watch, proc.returncode, max_restarts=8)
+    assert run.exclude == {0: {'{"T": 2}': f"process: {watch.why} while measuring this "
+                                          "candidate"}}
+    assert run.remaining == [0]  # tuned again, without T=2

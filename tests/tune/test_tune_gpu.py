@@ -221,25 +221,28 @@ def test_faulting_and_hanging_candidates_are_recorded(tmp_path):
     assert twice["compiled_during_tune"] == 6   # compiled by the pool while faulty was measured
 
 
-def test_a_candidate_that_faults_inside_its_bucket_is_the_one_excluded(tmp_path):
-    """faulty_inside: MODE 2 passes at the bucket's top and breaks the CUDA context at the
-    first size inside it. The race stops there, the measuring process restarts without MODE
-    2, and MODE 0 or 1 serves the bucket. (A race that went on recorded every later launch as
-    failing and the process blamed the last of them: an innocent config was excluded, and
-    after enough restarts the faulting one served alone.)"""
+def test_candidates_that_fault_or_hang_inside_their_bucket_are_the_ones_excluded(tmp_path):
+    """faulty_inside: MODE 2 and 3 pass at the bucket's top; at the first size inside it MODE 2
+    breaks the CUDA context and MODE 3 hangs. The race stops at the fault, and the supervisor
+    kills the process whose launch hangs once it has taken ``--timeout`` (and the slack); each
+    time the process restarts without the culprit, and MODE 0 or 1 serves the bucket. (A race
+    that went on after a fault recorded every later launch as failing and the process blamed
+    the last of them: innocent configs were excluded until the faulting one served alone; a
+    hang waited out the entry's whole budget.)"""
     major, minor = torch.cuda.get_device_capability()
     config, cache = str(FIXTURE / "inside.toml"), str(tmp_path / "cache")
     pre = run_cli("precompile", "--config", config, "--cache", cache, "--arch",
                   f"sm_{major}{minor}", "--farm", "local")   # every layout class of the bucket
     assert pre.returncode == 0, pre.stderr[-3000:]
-    r = run_cli("tune", "--config", config, "--cache", cache, "--json")
+    r = run_cli("tune", "--config", config, "--cache", cache, "--timeout", "2", "--json")
     out = json.loads(r.stdout)
     _keep("inside-tune.json", {**out, "stderr_tail": r.stderr[-3000:]})
     assert r.returncode == 0, r.stderr[-4000:]
     (entry,) = out["entries"]
     assert entry["status"] == "tuned" and entry["winner"]["MODE"] in (0, 1), entry
     failed = {f["config"]["MODE"]: f["error"] for f in entry["failures"]}
-    assert list(failed) == [2], failed
+    assert sorted(failed) == [2, 3], failed
+    assert "died (exit 70)" in failed[2] and "a launch hung" in failed[3], failed
     assert {c["config"]["MODE"] for c in entry["record"]["candidates"]} == {0, 1}
 
 
