@@ -455,28 +455,3 @@ def benchmark_sample(stream: Any, grid: tuple[int, ...], kernel: Any, args: tupl
     if installed is not None and not installed.benchmark_flush_arg:
         return float(_benchmark(stream, grid, kernel, args))
     return float(_benchmark(stream, grid, kernel, args, flush_l2))
-
-
-def start_timed_benchmark_worker() -> threading.Thread:
-    """Start cuTile's timed-launch worker in the background and return the thread starting it.
-
-    ``ct.tune.exhaustive_search`` with a launch timeout runs each candidate's first launch in a
-    worker process (``cuda.tile.tune._benchmark_worker``) that it starts at the first such launch
-    of a process: a Python process importing cuda.tile, about a second. Started here, while the
-    tuning process loads the project, that second is no longer charged to the first key's
-    screening, once per measuring process (with ``--gpus``, once per GPU). cuTile's own lock is
-    held while starting, so a search that begins meanwhile waits for this worker rather than
-    starting a second one. Where the private names are gone, the search starts it as before.
-    """
-    def start() -> None:
-        try:
-            from cuda.tile.tune import _tune_utils as tu
-            with tu._timed_benchmark_lock:
-                tu._get_timed_benchmark_runner()._get_or_start_worker()
-        except Exception:  # noqa: BLE001 - an optimisation: the search starts its own worker
-            pass
-
-    thread = threading.Thread(target=start, name="ctbuild-benchmark-worker", daemon=True)
-    thread.start()
-    return thread
-

@@ -88,8 +88,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str, summary: str) -> None
     p.add_argument("--kernel", metavar="NAME", action="append", default=[],
                    help="tune only this kernel (repeatable, or comma-separated)")
     p.add_argument("--timeout", metavar="S", type=positive_seconds, default=10.0,
-                   help="seconds a candidate's first launch may take before it is recorded as "
-                        "hung (default: 10)")
+                   help="seconds a candidate's first launch at each size may take before it "
+                        "is recorded as hung (default: 10)")
     p.add_argument("--workers", metavar="N", type=positive_int, default=None,
                    help="compile processes for --compile-missing (default: CPUs - 1, max 16)")
     p.add_argument("--tie-band", metavar="PCT", type=tie_band, default=TieBand(),

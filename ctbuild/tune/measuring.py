@@ -15,7 +15,6 @@ Both take their arguments from `Bench.args`, which restores ``restore=`` argumen
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -101,6 +100,8 @@ class Bench:
     inplace: InPlace = field(init=False)
     _told: set[Config] = field(default_factory=set, init=False)
     _last: Config | None = field(default=None, init=False)
+    _first: Config | None = field(default=None, init=False)
+    _pending: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.inplace = InPlace(self.tuned, self.inputs)
@@ -108,38 +109,38 @@ class Bench:
     def grid(self, cfg: Config) -> tuple[int, ...]:
         return self.tuned.grid(cfg, self.inputs, self.grid_dev)
 
-    def tell(self, cfg: Config, always: bool = False, launch: bool = False) -> bool:
-        """Tell the supervisor that ``cfg`` launches next (it blames the candidate it heard of
-        last if the process dies or stalls): before its first launch on these inputs, or with
-        ``always`` whenever the candidate changes; whether it told. ``launch``: through
-        ``on_launch`` where there is one (`watched`), else ``on_candidate``. A race's samples
-        tell first launches only: its rotation told every switch, 11,000 events a tune, 0.4 s
-        of a measuring process; a launch that faults is a first one, or says so
-        (`_raise_if_lost`)."""
-        to = self.on_launch if launch and self.on_launch is not None else self.on_candidate
-        if to is None or (cfg in self._told and (not always or cfg == self._last)):
-            return False
+    def tell(self, cfg: Config, always: bool = False) -> None:
+        """Tell the supervisor that ``cfg`` launches next, before its first launch on these
+        inputs (or with ``always`` whenever the candidate changes): ``on_launch(cfg)`` where
+        there is one, and ``on_launch(None)`` once the launch returned (`settle`), so that a
+        launch that hangs is killed after ``--timeout`` (`ctbuild.tune.supervisor`); else
+        ``on_candidate(cfg)``. The supervisor blames the candidate it heard of last when the
+        process dies or hangs: a launch that hangs or faults is a first one, or says so
+        (`_raise_if_lost`). (A race's rotation told every switch: 11,000 events a tune, 0.4 s
+        of a measuring process.)"""
+        if cfg in self._told and (not always or cfg == self._last):
+            return
         self._told.add(cfg)
         self._last = cfg
-        to(cfg)
-        return True
+        self._first = self._first or cfg
+        if self.on_launch is not None:
+            self.on_launch(cfg)
+            self._pending = True
+        elif self.on_candidate is not None:
+            self.on_candidate(cfg)
 
-    @contextlib.contextmanager
-    def watched(self, cfg: Config, always: bool = False) -> Iterator[None]:
-        """Around a launch of ``cfg``: where it is one `tell` tells of, ``on_launch(cfg)``
-        before it and ``on_launch(None)`` once it returned, so that the supervisor kills a
-        process whose launch hangs (a config that hangs at one size of its bucket passes the
-        timed first launch at the top: the process waited out the whole key's budget)."""
-        told = self.tell(cfg, always, launch=True) and self.on_launch is not None
-        try:
-            yield
-        finally:
-            if told and self.on_launch is not None:
-                self.on_launch(None)
+    def settle(self) -> None:
+        """The launch told of last returned (every launch is followed by the next one's
+        `args`, or by this)."""
+        if self._pending and self.on_launch is not None:
+            self._pending = False
+            self.on_launch(None)
 
-    def args(self, cfg: Config) -> tuple:
-        """The launch's arguments, in-place ones restored (`tell` first)."""
-        self.tell(cfg)
+    def args(self, cfg: Config, always: bool = False) -> tuple:
+        """The launch's arguments, in-place ones restored; the launch before it returned, and
+        this one is told of (`tell`)."""
+        self.settle()
+        self.tell(cfg, always)
         if self.inplace:
             self.inplace.prepare()
         return self.tuned.kernel_args(cfg, self.inputs)
@@ -147,37 +148,56 @@ class Bench:
     def sample(self, cfg: Config) -> float:
         """Microseconds of one launch of ``cfg`` (CUDA graph, L2 flushed before it)."""
         try:
-            with self.watched(cfg):
-                return cutile.benchmark_sample(self.stream, self.grid(cfg),
-                                               self.kernel_for(cfg), self.args(cfg))
+            return cutile.benchmark_sample(self.stream, self.grid(cfg), self.kernel_for(cfg),
+                                           self.args(cfg))
         except Exception as exc:
             self._raise_if_lost(cfg, exc)
             raise
+        finally:
+            self.settle()
 
-    def _raise_if_lost(self, cfg: Config, exc: Exception) -> None:
+    def _raise_if_lost(self, cfg: Config, exc: BaseException | None) -> None:
         """After ``cfg``'s launch raised: `ContextLost` where it broke the CUDA context,
-        ``cfg`` told to ``on_candidate`` last (the supervisor excludes the candidate it heard
-        of last; every launch after the fault fails too, and a race that went on blamed the
-        last of them); nothing where the context still works (the candidate failed alone)."""
+        ``cfg`` told last (every launch after the fault fails too, and a race that went on
+        blamed the last of them); nothing where the context still works (the candidate
+        failed alone)."""
         import torch
         if not torch.cuda.is_available() or context_ok():
             return
+        self.settle()
         self.tell(cfg, always=True)
-        raise ContextLost(f"{cfg.to_json()} broke the CUDA context: "
-                          f"{type(exc).__name__}: {exc}") from exc
+        self.settle()
+        raise ContextLost(f"{cfg.to_json()} broke the CUDA context"
+                          + (f": {type(exc).__name__}: {exc}" if exc else "")) from exc
 
     def screen(self, n: int, order: Callable[[], Iterator[Config]], timeout_s: float | None
                ) -> tuple[list[Timing], list[dict[str, Any]], str | None]:
         """cuTile's exhaustive search over the ``n`` configs ``order()`` yields: (timings,
         failures, error). When every candidate fails the search raises with the first failure
-        only: then ``error`` is its text (the caller fails every candidate with it)."""
+        only: then ``error`` is its text (the caller fails every candidate with it).
+
+        Under a supervisor (``on_launch``) each first launch runs here, told of (`tell`):
+        one that hangs is killed after ``timeout_s``, one that faults breaks the context and
+        is blamed (the first failure, every later launch failing with it). cuTile's timed
+        first launch in a subprocess, which contains both without a restart, cost 4.9 ms a
+        candidate on an H200 (payload export and the worker's round trip): 54% of the
+        screening. Without a supervisor it still does, ``timeout_s`` bounding it."""
         import cuda.tile as ct
+        error: str | None = None
         try:
             result = ct.tune.exhaustive_search(
                 _Arriving(n, order), self.stream, self.grid, self.kernel_for, self.args, None,
-                quiet=True, single_run_timeout_sec=timeout_s)
+                quiet=True,
+                single_run_timeout_sec=None if self.on_launch is not None else timeout_s)
         except Exception as exc:  # noqa: BLE001 - every candidate failed (ValueError)
-            return [], [], f"{type(exc).__name__}: {exc}"
+            error, result = f"{type(exc).__name__}: {exc}", None
+        self.settle()
+        if error is not None or (result is not None and result.failures):
+            first = result.failures[0][0] if result is not None else self._first
+            if first is not None:
+                self._raise_if_lost(first, None)
+        if result is None:
+            return [], [], error
         timings = [Timing(m.config, m.mean_us, m.error_margin_us, m.num_samples)
                    for m in result.successes]
         failures = [{"config": cfg.to_json(), "error": explain_failure(etype, msg)}
@@ -189,12 +209,13 @@ class Bench:
         check's launches: each told, a hang there is this one's)."""
         import cuda.tile as ct
         try:
-            with self.watched(cfg, always=True):
-                ct.launch(self.stream, self.grid(cfg), self.kernel_for(cfg), self.args(cfg))
-                self.stream.synchronize()
+            ct.launch(self.stream, self.grid(cfg), self.kernel_for(cfg), self.args(cfg, True))
+            self.stream.synchronize()
         except Exception as exc:
             self._raise_if_lost(cfg, exc)
             raise
+        finally:
+            self.settle()
 
 
 def context_ok() -> bool:

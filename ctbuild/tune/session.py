@@ -223,9 +223,6 @@ def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneO
 def _child(spec_path: str) -> int:
     """The supervised tuning process (``python -m ctbuild.tune.session SPEC``)."""
     spec = json.loads(Path(spec_path).read_text())
-    if spec["opts"].get("timeout_s") is not None:
-        from .. import cutile
-        cutile.start_timed_benchmark_worker()
     from ctbuild.cache import Store
 
     from ..project import load_project

@@ -109,12 +109,8 @@ def hand(proc: subprocess.Popen, spec_path: Path) -> bool:
 
 
 def wait_for_spec() -> str | None:
-    """In a started process: start cuTile's timed-launch worker (a process of its own, ready
-    by the first key: `ctbuild.cutile.start_timed_benchmark_worker`; unused where the spec
-    sets no launch timeout), import torch, create the CUDA context (a failure is the spec's
+    """In a started process: import torch, create the CUDA context (a failure is the spec's
     run's to report), then wait for the spec's path (None: the supervisor sent none)."""
-    from .. import cutile
-    cutile.start_timed_benchmark_worker()
     try:
         import torch
         torch.empty(1, device="cuda")  # the context, on the GPU the lane's env names
