@@ -210,19 +210,15 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     hook) or real CUDA tensors (online tuning; left as after one launch of the winner).
     ``store`` gives the CUBINs and takes the record (``write``); ``toolchain_fp``, ``device``,
     ``stream`` and ``input_device`` default to the store's toolchain and torch's current GPU
-    and stream. ``timeout_s`` bounds each candidate's first launch (in cuTile's benchmark
-    subprocess, which also contains faults; None: no subprocess). ``configs`` replaces the
-    pruned space; ``exclude`` ({json config: reason}) records failures without launching.
-    ``pool`` compiles absent CUBINs, pipelined (without it they are reported missing).
-    ``on_candidate`` is called before each config's first launch on each inputs, and
-    ``on_launch`` with the config before and None after those outside cuTile's search
-    (supervision: `ctbuild.tune.measuring.Bench.watched`). ``served``
-    gives the kernel object per config (the runtime's JIT-compiles a miss under its policy;
+    and stream. ``timeout_s`` bounds each candidate's first launch (`Bench.screen`).
+    ``configs`` replaces the pruned space; ``exclude`` ({json config: reason}) records
+    failures without launching. ``pool`` compiles absent CUBINs, pipelined (else they are
+    reported missing). ``on_candidate``, ``on_launch``: supervision (`Bench.tell`).
+    ``served`` gives the kernel per config (the runtime's JIT-compiles a miss under its policy;
     ``store`` may then be None). ``settings``: tie band, race budget, span switch, split
     limit. ``bucket``: the `Dim` bucket ``w`` represents (default: the declared one), measured
     at its other sizes and split where needed; each sub-bucket's record is written beside the
-    bucket's. A record whose ``config`` is None (no candidate could be measured) is returned,
-    not written.
+    bucket's. A record whose ``config`` is None (nothing could be measured) is not written.
     """
     import torch
 
