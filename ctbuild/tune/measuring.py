@@ -5,13 +5,13 @@ the caller's own), the stream, the grid's device facts, one served kernel per co
 from the cache, nothing compiled) and the in-place handling. Two ways to time:
 
 * `Bench.screen`: cuTile's own ``ct.tune.exhaustive_search`` over the candidates (CUDA graph per
-  sample, L2 flush, warm-ups, 95% CI convergence; the first launch of every candidate in a
-  timed subprocess, which also contains faults and hangs);
+  sample, L2 flush, warm-ups, 95% CI convergence);
 * `Bench.sample`: one launch, timed the same way, for the interleaved runoff between finalists
   (`ctbuild.tune.race`), at the key's own size and the other sizes of its bucket.
 
 Both take their arguments from `Bench.args`, which restores ``restore=`` arguments and zeroes
-``reset_to_zero=`` ones before every launch.
+``reset_to_zero=`` ones before every launch, and tells the supervisor of each candidate's first
+launch on these inputs (`Bench.tell`: a launch that hangs or faults costs its candidate only).
 """
 from __future__ import annotations
 

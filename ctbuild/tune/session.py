@@ -293,8 +293,7 @@ if __name__ == "__main__":
     path = wait_for_spec() if sys.argv[1] == "--warm" else sys.argv[1]
     code = _child(path) if path else 0
     # Every event is written and flushed and every record committed to the store: the
-    # interpreter's teardown (CUDA's, and a wait on cuTile's benchmark worker, which exits on
-    # its own once this process is gone) took 0.5-0.6 s of every tune on an H200 host.
+    # interpreter's teardown (CUDA's) took 0.5-0.6 s of every tune on an H200 host.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -44,8 +44,8 @@ def run_isolated(config_path: str | None, cache_dir: str, entries: Sequence[Entr
                  claims: Claims | None = None, warm: subprocess.Popen | None = None
                  ) -> list[dict[str, Any]]:
     """Run `tune_entries` in a child process with ``env`` added to its environment; if it dies
-    (a fault that escaped cuTile's benchmark subprocess) or stalls, restart it on the remaining
-    entries, excluding the candidate that was being measured (recorded as a failure of that
+    (a fault: `ctbuild.tune.race.ContextLost`), hangs in a launch or stalls, restart it on the
+    remaining entries, excluding the candidate that was being measured (recorded as a failure of that
     entry). With a ``gate``, the child measures once it opens (`ctbuild.tune.gate`); one that
     says stop leaves the entries untuned. With ``finals``, the child then says ``idle`` and
     waits there for the fleet's finals (JSON: configs per entry index), runs them
