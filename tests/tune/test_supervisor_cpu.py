@@ -54,3 +54,33 @@ def test_a_child_whose_launch_hangs_is_killed_and_that_candidate_excluded(tmp_pa
     assert run.exclude == {0: {'{"T": 2}': f"process: {watch.why} while measuring this "
                                           "candidate"}}
     assert run.remaining == [0]  # tuned again, without T=2
+
+
+def test_a_bench_tells_each_first_launch_before_it_and_once_it_returned() -> None:
+    """What a measuring process says of its launches (`Bench.tell`, `Bench.settle`): a config's
+    first launch on these inputs is said before it starts and once it returned (the next
+    launch's arguments, or `settle`, say so); its later launches say nothing; ``always`` (the
+    output check's launches) says it again where another config was said last, so a hang
+    there is blamed on the right one."""
+    import sys
+
+    import torch
+
+    from ctbuild.space import Config
+    from ctbuild.specs import Workload
+    from ctbuild.tune.measuring import Bench
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    from demo_kernels.elementwise import silu_mul
+    said: list[Config | None] = []
+    bench = Bench(silu_mul, Workload({n: torch.zeros(8) for n in ("X", "Y", "OUT")}), None,
+                  None, lambda cfg: None, on_launch=said.append)
+    a, c = Config({"TILE": 512, "occupancy": 1}), Config({"TILE": 1024, "occupancy": 2})
+    assert bench.args(a)[-1] == 512
+    bench.args(a)          # a returned; its second launch says nothing
+    bench.args(c)
+    bench.settle()
+    bench.args(a)          # a's later launch: nothing
+    bench.args(a, True)    # c was said last: a again
+    bench.settle()
+    bench.settle()         # nothing pending: nothing said
+    assert said == [a, None, c, None, a, None]
