@@ -95,7 +95,6 @@ class Bench:
     stream: Any
     grid_dev: Any
     kernel_for: Callable[[Config], ServedKernel]
-    on_candidate: Callable[[Config], None] | None = None
     on_launch: Callable[[Config | None], None] | None = None
     inplace: InPlace = field(init=False)
     _told: set[Config] = field(default_factory=set, init=False)
@@ -111,13 +110,12 @@ class Bench:
 
     def tell(self, cfg: Config, always: bool = False) -> None:
         """Tell the supervisor that ``cfg`` launches next, before its first launch on these
-        inputs (or with ``always`` whenever the candidate changes): ``on_launch(cfg)`` where
-        there is one, and ``on_launch(None)`` once the launch returned (`settle`), so that a
-        launch that hangs is killed after ``--timeout`` (`ctbuild.tune.supervisor`); else
-        ``on_candidate(cfg)``. The supervisor blames the candidate it heard of last when the
-        process dies or hangs: a launch that hangs or faults is a first one, or says so
-        (`_raise_if_lost`). (A race's rotation told every switch: 11,000 events a tune, 0.4 s
-        of a measuring process.)"""
+        inputs (or with ``always`` where another config was told last): ``on_launch(cfg)``,
+        and ``on_launch(None)`` once the launch returned (`settle`), so that a launch that
+        hangs is killed after ``--timeout`` (`ctbuild.tune.supervisor`). The supervisor blames
+        the candidate it heard of last when the process dies or hangs: a launch that hangs or
+        faults is a first one, or says so (`_raise_if_lost`). (A race's rotation told every
+        switch: 11,000 events a tune, 0.4 s of a measuring process.)"""
         if cfg in self._told and (not always or cfg == self._last):
             return
         self._told.add(cfg)
@@ -126,8 +124,6 @@ class Bench:
         if self.on_launch is not None:
             self.on_launch(cfg)
             self._pending = True
-        elif self.on_candidate is not None:
-            self.on_candidate(cfg)
 
     def settle(self) -> None:
         """The launch told of last returned (every launch is followed by the next one's
@@ -355,13 +351,11 @@ class Benches:
     def __init__(self, tuned: TunedKernel, store: Store | None, fp: str, device: Device, *,
                  stream: Any = None, input_device: Any = None, seed: int = 0,
                  served: Callable[[Config], ServedKernel] | None = None,
-                 on_candidate: Callable[[Config], None] | None = None,
                  on_launch: Callable[[Config | None], None] | None = None) -> None:
         import torch
 
         from ..serve.served_kernel import CubinSource, ServedKernel
-        self.tuned, self.seed, self.on_candidate = tuned, seed, on_candidate
-        self.on_launch = on_launch
+        self.tuned, self.seed, self.on_launch = tuned, seed, on_launch
         self.on_gpu = torch.cuda.is_available()
         self.stream = stream if stream is not None else torch.cuda.current_stream(device.index)
         self.grid_dev = cuda_device(device.index) if self.on_gpu else \
@@ -379,7 +373,7 @@ class Benches:
     def on(self, inputs: Workload) -> Bench:
         """A bench on these real inputs."""
         return Bench(self.tuned, inputs, self.stream, self.grid_dev, self.kernel_for,
-                     self.on_candidate, self.on_launch)
+                     self.on_launch)
 
     def on_spec(self, spec: Workload) -> Bench:
         """A bench on random inputs made from specs (or the kernel's ``inputs`` hook)."""

@@ -182,19 +182,16 @@ class _CompileAhead:
 
 def _tellers(entry: int, opts: TuneOptions,
              on_event: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
-    """The callbacks that tell the supervisor what an entry launches (`Bench.tell`): a
-    candidate measured next, and a launch that starts (``launching``, with the time it may
-    take: ``--timeout``) or returned (``launched``)."""
+    """The callback that tells the supervisor what an entry launches (`Bench.tell`): a
+    launch that starts (``launching``: the candidate, and the time it may take, ``--timeout``;
+    none: unbounded) or returned (``launched``)."""
     if on_event is None:
         return {}
-
-    def candidate(cfg: Config) -> None:
-        on_event({"event": "candidate", "entry": entry, "config": cfg.to_json()})
 
     def launch(cfg: Config | None) -> None:
         on_event({"event": "launching", "entry": entry, "config": cfg.to_json(),
                   "timeout": opts.timeout_s} if cfg is not None else {"event": "launched"})
-    return {"on_candidate": candidate, **({"on_launch": launch} if opts.timeout_s else {})}
+    return {"on_launch": launch}
 
 
 def _tune_one(e: Entry, existing: TuningRecord | None, store: Store, opts: TuneOptions,

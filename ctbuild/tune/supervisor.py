@@ -89,11 +89,14 @@ class _Watch:
     last_cfg: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
     offset: int = 0
-    stalled: bool = False
     #: a launch under way: (when it started, the seconds it may take), from ``launching``
     launch: tuple[float, float] | None = None
-    #: why it was killed, where it stalled
+    #: why it was killed, where it stalled ("": it did not)
     why: str = ""
+
+    @property
+    def stalled(self) -> bool:
+        return bool(self.why)
 
     def overdue(self, per_entry: float) -> str | None:
         """Why the child counts as stalled now (None: it does not): one launch took longer
@@ -133,11 +136,10 @@ class _Supervision:
                 if ev["event"] == "start":
                     watch.current, watch.last_cfg = ev["entry"], None
                     watch.started = time.monotonic()
-                elif ev["event"] == "candidate":
-                    watch.last_cfg = ev["config"]
                 elif ev["event"] == "launching":
                     watch.last_cfg = ev["config"]
-                    watch.launch = (time.monotonic(), float(ev["timeout"]))
+                    watch.launch = None if ev["timeout"] is None else \
+                        (time.monotonic(), float(ev["timeout"]))
                 elif ev["event"] == "launched":
                     watch.launch = None
                 elif ev["event"] == "done":
@@ -156,7 +158,7 @@ class _Supervision:
                 return watch
             why = watch.overdue(per_entry)
             if why is not None:
-                watch.stalled, watch.why = True, why
+                watch.why = why
                 proc.kill()
                 proc.wait()
                 return watch

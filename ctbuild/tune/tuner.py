@@ -198,7 +198,6 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
                   cap: int = DEFAULT_CAP, timeout_s: float | None = 10.0,
                   configs: Sequence[Config] | None = None, exclude: Mapping[str, str] | None = None,
                   pool: CompilePool | None = None, write: bool = True, seed: int = 0,
-                  on_candidate: Callable[[Config], None] | None = None,
                   on_launch: Callable[[Config | None], None] | None = None,
                   stream: Any = None, input_device: Any = None,
                   served: Callable[[Config], ServedKernel] | None = None,
@@ -213,7 +212,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     and stream. ``timeout_s`` bounds each candidate's first launch (`Bench.screen`).
     ``configs`` replaces the pruned space; ``exclude`` ({json config: reason}) records
     failures without launching. ``pool`` compiles absent CUBINs, pipelined (else they are
-    reported missing). ``on_candidate``, ``on_launch``: supervision (`Bench.tell`).
+    reported missing). ``on_launch``: supervision (`Bench.tell`).
     ``served`` gives the kernel per config (the runtime's JIT-compiles a miss under its policy;
     ``store`` may then be None). ``settings``: tie band, race budget, span switch, split
     limit. ``bucket``: the `Dim` bucket ``w`` represents (default: the declared one), measured
@@ -235,8 +234,7 @@ def tune_workload(tuned: TunedKernel, w: Mapping[str, Any], *, store: Store | No
     plan = plan_candidates(tuned, spec, device.arch, fp, cap, configs, dict(exclude or {}))
     order, n_measure = arrivals(plan, tuned, store, device.arch, fp, pool, served is not None)
     benches = Benches(tuned, store, fp, device, stream=stream, input_device=input_device,
-                      seed=seed, served=served, on_candidate=on_candidate,
-                      on_launch=on_launch)
+                      seed=seed, served=served, on_launch=on_launch)
     bench = benches.on(Workload(dict(w))) if real else benches.on_spec(spec)
     counter = CompileCounter()
     with (torch.cuda.device(device.index) if benches.on_gpu else contextlib.nullcontext()), \

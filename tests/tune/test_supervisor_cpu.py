@@ -24,28 +24,40 @@ def test_events_are_read_once_each_and_a_half_written_line_waits(tmp_path: Path)
     assert watch.offset == path.stat().st_size
 
 
+def _child_saying(events: Path, timeout_s: float | None, said: list, then_sleep: float):
+    """A real child process that writes what a measuring process with ``timeout_s`` says of
+    the launches ``said`` (configs, None: the last one returned) after an entry's start, then
+    sleeps; and the supervision following nothing but it."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from ctbuild.space import Config
+    from ctbuild.tune.session import TuneOptions, _tellers
+    from ctbuild.tune.supervisor import _Supervision
+    lines: list[dict] = [{"event": "start", "entry": 0}]
+    say = _tellers(0, TuneOptions(timeout_s=timeout_s), lines.append)["on_launch"]
+    for cfg in said:
+        say(Config(cfg) if cfg is not None else None)
+    script = (f"import time\nf = open({str(events)!r}, 'a', buffering=1)\n"
+              f"f.write({''.join(json.dumps(e) + chr(10) for e in lines)!r})\n"
+              f"time.sleep({then_sleep})\n")
+    run = _Supervision([SimpleNamespace(index=0)], None)  # type: ignore[list-item]
+    return subprocess.Popen([sys.executable, "-c", script]), run
+
+
 def test_a_child_whose_launch_hangs_is_killed_and_that_candidate_excluded(tmp_path: Path) -> None:
     """A real child says it launches T=1 (which returns), then T=2, and never returns: it is
     killed once T=2's launch has taken its timeout and the slack, long before the entry's
     budget, and T=2 is the candidate the next child tunes without. (A config that hangs only
     inside its bucket passes the timed first launch at the top: the child used to wait out
     the entry's whole budget, 900 s with the default cap.)"""
-    import subprocess
-    import sys
     import time
-    from types import SimpleNamespace
 
-    from ctbuild.tune.supervisor import LAUNCH_SLACK_S, _Supervision
+    from ctbuild.tune.supervisor import LAUNCH_SLACK_S
     events = tmp_path / "events.jsonl"
-    lines = [{"event": "start", "entry": 0},
-             {"event": "launching", "entry": 0, "config": {"T": 1}, "timeout": 0.1},
-             {"event": "launched"},
-             {"event": "launching", "entry": 0, "config": {"T": 2}, "timeout": 0.1}]
-    script = (f"import time\nf = open({str(events)!r}, 'a', buffering=1)\n"
-              f"f.write({''.join(json.dumps(e) + chr(10) for e in lines)!r})\ntime.sleep(120)\n")
-    run = _Supervision([SimpleNamespace(index=0)], None)  # type: ignore[list-item]
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", script])
+    proc, run = _child_saying(events, 0.1, [{"T": 1}, None, {"T": 2}], 120)
     watch = run.follow(proc, events, per_entry=600.0)
     took = time.monotonic() - started
     assert proc.returncode is not None and watch.stalled and watch.last_cfg == {"T": 2}
@@ -84,3 +96,14 @@ def test_a_bench_tells_each_first_launch_before_it_and_once_it_returned() -> Non
     bench.settle()
     bench.settle()         # nothing pending: nothing said
     assert said == [a, None, c, None, a, None]
+
+
+def test_a_launch_without_a_timeout_is_blamed_but_never_killed(tmp_path: Path) -> None:
+    """With no ``--timeout`` (``timeout_s=None``) a launch still names its candidate, to blame
+    if the process dies, but the supervisor does not watch its time: a child that says so and
+    then takes longer than the slack exits on its own, not stalled."""
+    from ctbuild.tune.supervisor import LAUNCH_SLACK_S
+    events = tmp_path / "events.jsonl"
+    proc, run = _child_saying(events, None, [{"T": 3}], 2 * LAUNCH_SLACK_S + 0.5)
+    watch = run.follow(proc, events, per_entry=600.0)
+    assert proc.returncode == 0 and not watch.stalled and watch.last_cfg == {"T": 3}
