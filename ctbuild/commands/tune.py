@@ -27,6 +27,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..tune.session import TuneOptions
+    from ..tune.tuner import Device
     from ..tune.warm import WarmLanes
 
 EPILOG = """\
@@ -150,6 +151,25 @@ def gpus_of(text: str) -> list[int]:
     return gpus
 
 
+def lanes_device(text: str | None, reports: list[dict[str, Any]] | None
+                 ) -> tuple[list[int] | None, Device] | None:
+    """``--gpus`` and the GPU to tune on as the measuring processes started for them saw them
+    (`ctbuild.tune.warm.WarmLanes.gpus`), so that this process starts no CUDA of its own; None
+    where they did not all report one model (`gpus_of` and `current_device` then ask torch,
+    and name what is wrong)."""
+    from ..arch import Arch
+    from ..tune.tuner import Device
+    from ..tune.warm import expected_gpus
+    if not reports or len({(r["name"], tuple(r["capability"])) for r in reports}) != 1:
+        return None
+    gpus = expected_gpus(text)
+    if gpus == [] or gpus is not None and len(gpus) != len(reports):
+        return None
+    first = reports[0]
+    return gpus, Device(gpus[0] if gpus else 0, str(Arch.from_capability(*first["capability"])),
+                        first["name"], first["driver"])
+
+
 def _fmt_us(v: Any) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -198,14 +218,15 @@ def tune_project(args: argparse.Namespace, project: Any, kernels: list, only: li
     from ..tune.session import entries_for, tune_entries
     from ..tune.tuner import current_device
 
-    gpus = None
-    if args.gpus is not None:
+    seen = lanes_device(args.gpus, warm.gpus()) if warm is not None else None
+    gpus, device = seen if seen is not None else (None, None)
+    if device is None and args.gpus is not None:
         try:
             gpus = gpus_of(args.gpus)
         except GpuListError as exc:
             return fail(str(exc))
     try:
-        device = current_device(gpus[0] if gpus else None)
+        device = device or current_device(gpus[0] if gpus else None)
     except RuntimeError as exc:
         return fail(str(exc), 1)
     store = Store(project.cache_dir)

@@ -8,17 +8,32 @@ creates its context on its GPU and waits on its stdin for its spec (`ctbuild.tun
 A lane takes the process started for its GPU, else starts one as before; processes no lane
 took are stopped, having measured nothing; one whose supervisor died reads the end of its
 stdin and exits.
+
+Each started process also reports its GPU (name, compute capability, driver) on a pipe once its
+context is made (`WarmLanes.gpus`), so the supervisor starts no CUDA of its own: its start (every
+GPU of the node) held up the measuring process's context on a 4x H200 host, 0.47 s alone and
+1.23-1.26 s beside it, on the path to the first measurement. Where a process cannot report, the
+supervisor asks torch as before, which also names what is wrong.
 """
 from __future__ import annotations
 
+import json
 import os
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 #: Where the NVIDIA driver lists this machine's GPUs (``--gpus all`` counts them there).
 DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
+#: The environment variable naming the pipe a started process reports its GPU on.
+REPORT_FD = "CTBUILD_WARM_REPORT_FD"
+#: Seconds the supervisor waits for every started process's report (import and context).
+REPORT_WAIT_S = 120.0
+#: The most bytes of one report read (a GPU's name and capability).
+REPORT_MAX = 4096
 
 
 def visible_ids() -> list[str] | None:
@@ -67,12 +82,34 @@ class WarmLanes:
 
     def __init__(self, gpus: Sequence[int] | None) -> None:
         envs = [None] if gpus is None else [e for g in gpus if (e := lane_env(g)) is not None]
+        self.complete = len(envs) == (1 if gpus is None else len(gpus))
         self._procs: list[tuple[dict[str, str] | None, subprocess.Popen]] = []
+        self._reports: list[int] = []
         for env in envs:
+            read, write = os.pipe()
             try:
-                self._procs.append((env, session_process("--warm", env, stdin=subprocess.PIPE)))
+                proc = session_process("--warm", {**(env or {}), REPORT_FD: str(write)},
+                                       stdin=subprocess.PIPE, pass_fds=(write,))
             except OSError:  # no process to spare: the lane starts its own, as before
+                os.close(read)
+                self.complete = False
                 break
+            finally:
+                os.close(write)
+            self._procs.append((env, proc))
+            self._reports.append(read)
+
+    def gpus(self, wait_s: float = REPORT_WAIT_S) -> list[dict[str, Any]] | None:
+        """What every started process reported of its GPU (``name``, ``capability``,
+        ``driver``: the parts of a `ctbuild.tune.tuner.Device`), in the order of the lanes;
+        None where one was not started, or could not report in ``wait_s`` (no GPU, a context
+        that failed: the caller asks torch, which says why). Read once."""
+        reports, self._reports = self._reports, []
+        deadline = time.monotonic() + wait_s
+        found = [_report(fd, deadline) for fd in reports]
+        if not self.complete or not found or any(r is None for r in found):
+            return None
+        return [r for r in found if r is not None]
 
     def take(self, env: dict[str, str] | None) -> subprocess.Popen | None:
         """A process started with ``env`` and still waiting, for a lane to hand its spec."""
@@ -84,6 +121,9 @@ class WarmLanes:
 
     def close(self) -> None:
         """Stop the processes no lane took (they hold nothing yet) and reap them."""
+        for fd in self._reports:
+            os.close(fd)
+        self._reports.clear()
         for _, proc in self._procs:
             proc.kill()
             proc.wait()
@@ -108,13 +148,49 @@ def hand(proc: subprocess.Popen, spec_path: Path) -> bool:
         return False
 
 
+def _report(fd: int, deadline: float) -> dict[str, Any] | None:
+    """One process's report from the pipe ``fd`` (closed after): None where it wrote none
+    before the deadline, or not one this module writes."""
+    data = b""
+    try:
+        while len(data) <= REPORT_MAX:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, REPORT_MAX + 1) if ready else b""
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    try:
+        found = json.loads(data) if len(data) <= REPORT_MAX else None
+    except ValueError:
+        return None
+    ok = isinstance(found, dict) and isinstance(found.get("name"), str) and \
+        isinstance(found.get("driver"), str) and isinstance(found.get("capability"), list) \
+        and len(found["capability"]) == 2 and all(type(v) is int for v in found["capability"])
+    return found if ok else None
+
+
 def wait_for_spec() -> str | None:
     """In a started process: import torch, create the CUDA context (a failure is the spec's
-    run's to report), then wait for the spec's path (None: the supervisor sent none)."""
+    run's to report) and report the GPU on the supervisor's pipe (`WarmLanes.gpus`; nothing
+    where it failed), then wait for the spec's path (None: the supervisor sent none)."""
+    fd = os.environ.pop(REPORT_FD, None)
+    report = b""
     try:
         import torch
         torch.empty(1, device="cuda")  # the context, on the GPU the lane's env names
+        from .tuner import driver_version
+        report = json.dumps({"name": torch.cuda.get_device_name(),
+                             "capability": list(torch.cuda.get_device_capability()),
+                             "driver": driver_version()}).encode()
     except Exception:  # noqa: BLE001 - the run itself reports a GPU it cannot use
         pass
+    if fd is not None and fd.isdigit():
+        try:
+            os.write(int(fd), report)
+            os.close(int(fd))
+        except OSError:  # the supervisor is gone, or closed its end
+            pass
     line = sys.stdin.readline().strip()
     return line or None

@@ -136,9 +136,11 @@ def test_rerun_skips_tuned_entries(examples_tuned, examples_cache):
 
 
 def test_matmul_winner_matches_exhaustive_search(examples_tuned, tmp_path):
-    """The recorded winner is within max(2%, its CI) of the best that cuTile's own
-    exhaustive_search finds over the same space with plain JIT kernels (cold), and never
-    slower than the default config. Also reports tune time vs the cold search's time."""
+    """The recorded winner ties, by the tune's own tie rule, with the best that cuTile's own
+    exhaustive_search finds over the same space with plain JIT kernels (cold), both as that
+    search timed them (a recorded time against one taken in another process minutes later
+    compares two clocks: 214.7 against 209.7 us on one H200), and is never slower than the
+    default config. Also reports tune time vs the cold search's time."""
     entry = next(s for s in examples_tuned["entries"] if s["kernel"] == "matmul")
     rec = entry["record"]
     out = tmp_path / "cold.json"
@@ -146,7 +148,6 @@ def test_matmul_winner_matches_exhaustive_search(examples_tuned, tmp_path):
     subprocess.run([sys.executable, str(FIXTURE / "exhaustive_cold.py"), str(EXAMPLES),
                     "matmul", "0", str(out)], check=True, env=env, timeout=600)
     cold = json.loads(out.read_text())
-    best = cold["best"]["mean_us"]
     mine = next((c for c in cold["candidates"] if c["config"] == rec["config"]), None)
     summary = {
         "gpu": torch.cuda.get_device_name(), "workload": rec["workload"],
@@ -160,7 +161,12 @@ def test_matmul_winner_matches_exhaustive_search(examples_tuned, tmp_path):
     }
     _keep("matmul-vs-exhaustive.json", summary)
     print(json.dumps(summary, indent=1))
-    assert rec["mean_us"] <= best + max(0.02 * best, rec["ci_us"]), summary
+    from ctbuild.space import Config
+    from ctbuild.tune.choice import TieBand, Timing, ties_with
+    assert mine is not None, summary
+    timed = [Timing(Config(c["config"]), c["mean_us"], c["ci_us"], 0)
+             for c in (mine, cold["best"])]
+    assert ties_with(*timed, TieBand()), summary
     assert rec["mean_us"] <= rec["default"]["mean_us"], summary
 
 

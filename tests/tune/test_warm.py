@@ -95,3 +95,67 @@ def test_nothing_is_started_without_an_nvidia_driver(monkeypatch: pytest.MonkeyP
     import ctbuild.tune.warm as warm
     monkeypatch.setattr(warm, "DRIVER_GPUS", tmp_path / "no-driver" / "gpus")
     assert warm.WarmLanes.for_gpus("0,1") is None and warm.WarmLanes.for_gpus(None) is None
+
+
+@pytest.mark.skipif(__import__("conftest").cuda_available(),
+                    reason="needs a started process that cannot make a context: no GPU visible")
+def test_a_started_process_without_a_gpu_reports_none_and_still_waits_for_its_spec() -> None:
+    """Its report is how the supervisor learns the GPU without a CUDA start of its own; a
+    process that could not make a context reports nothing, and the supervisor asks torch."""
+    warm = WarmLanes(None)
+    try:
+        assert warm.gpus() is None
+        proc = warm.take(None)
+        assert proc is not None and proc.poll() is None
+        assert warm.gpus() is None  # read once
+    finally:
+        warm.close()
+
+
+@pytest.mark.parametrize(("written", "expected"), [
+    (b'{"name": "NVIDIA H200", "capability": [9, 0], "driver": "580.159"}',
+     {"name": "NVIDIA H200", "capability": [9, 0], "driver": "580.159"}),
+    (b"", None), (b"not json", None), (b'{"name": "x", "capability": [9], "driver": "1"}', None),
+    (b'{"name": "x", "capability": [9, "0"], "driver": "1"}', None), (b'[1, 2]', None),
+    (b'{"name": "x", "capability": [9, 0]}', None),
+    (b'{"name": "' + b"x" * 8192 + b'", "capability": [9, 0], "driver": "1"}', None),
+])
+def test_a_report_is_read_only_as_this_module_writes_it(written: bytes, expected: object) -> None:
+    import os
+
+    from ctbuild.tune.warm import _report
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a writer that may exceed the pipe's buffer
+        os.close(read)
+        os.write(write, written)
+        os._exit(0)
+    os.close(write)
+    assert _report(read, time.monotonic() + 30) == expected
+    os.waitpid(pid, 0)
+
+
+def test_a_report_never_written_is_given_up_at_the_deadline() -> None:
+    import os
+
+    from ctbuild.tune.warm import _report
+    read, write = os.pipe()
+    try:
+        assert _report(read, time.monotonic() + 0.2) is None
+    finally:
+        os.close(write)
+
+
+def test_the_gpu_to_tune_on_is_taken_from_the_reports_of_one_model() -> None:
+    from ctbuild.commands.tune import lanes_device
+    h200 = {"name": "NVIDIA H200", "capability": [9, 0], "driver": "580.159"}
+    gpus, device = lanes_device(None, [h200]) or (None, None)
+    assert gpus is None and device is not None
+    assert (device.index, device.arch, device.name, device.driver) == \
+        (0, "sm_90", "NVIDIA H200", "580.159")
+    gpus, device = lanes_device("1,0", [h200, h200]) or (None, None)
+    assert gpus == [1, 0] and device is not None and device.index == 1
+    b200 = {"name": "NVIDIA B200", "capability": [10, 0], "driver": "580.159"}
+    assert lanes_device("0,1", [h200, b200]) is None  # torch names the mixed models
+    assert lanes_device("0,1", [h200]) is None and lanes_device(None, []) is None
+    assert lanes_device("0,x", [h200]) is None and lanes_device(None, None) is None
