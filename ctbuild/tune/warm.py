@@ -105,9 +105,13 @@ class WarmLanes:
         None where one was not started, or could not report in ``wait_s`` (no GPU, a context
         that failed: the caller asks torch, which says why). Read once."""
         reports, self._reports = self._reports, []
+        if not self.complete:  # torch answers, and says which GPU is not there
+            for fd in reports:
+                os.close(fd)
+            return None
         deadline = time.monotonic() + wait_s
         found = [_report(fd, deadline) for fd in reports]
-        if not self.complete or not found or any(r is None for r in found):
+        if not found or any(r is None for r in found):
             return None
         return [r for r in found if r is not None]
 

@@ -159,3 +159,15 @@ def test_the_gpu_to_tune_on_is_taken_from_the_reports_of_one_model() -> None:
     assert lanes_device("0,1", [h200, b200]) is None  # torch names the mixed models
     assert lanes_device("0,1", [h200]) is None and lanes_device(None, []) is None
     assert lanes_device("0,x", [h200]) is None and lanes_device(None, None) is None
+
+
+def test_lanes_not_all_started_report_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU the visible list does not hold gets no process: torch is asked at once, and names
+    it (not after the others' reports)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    warm = WarmLanes([0, 3])
+    try:
+        assert not warm.complete and warm.gpus() is None
+        assert warm.take(lane_env(0)) is not None
+    finally:
+        warm.close()
