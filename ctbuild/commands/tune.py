@@ -157,17 +157,14 @@ def lanes_device(text: str | None, reports: list[dict[str, Any]] | None
     (`ctbuild.tune.warm.WarmLanes.gpus`), so that this process starts no CUDA of its own; None
     where they did not all report one model (`gpus_of` and `current_device` then ask torch,
     and name what is wrong)."""
-    from ..arch import Arch
     from ..tune.tuner import Device
     from ..tune.warm import expected_gpus
-    if not reports or len({(r["name"], tuple(r["capability"])) for r in reports}) != 1:
+    if not reports or len({(r["name"], r["arch"]) for r in reports}) != 1:
         return None
     gpus = expected_gpus(text)
-    if gpus == [] or gpus is not None and len(gpus) != len(reports):
+    if gpus is not None and len(gpus) != len(reports):
         return None
-    first = reports[0]
-    return gpus, Device(gpus[0] if gpus else 0, str(Arch.from_capability(*first["capability"])),
-                        first["name"], first["driver"])
+    return gpus, Device(gpus[0] if gpus else 0, **reports[0])
 
 
 def _fmt_us(v: Any) -> str:

@@ -9,11 +9,11 @@ A lane takes the process started for its GPU, else starts one as before; process
 took are stopped, having measured nothing; one whose supervisor died reads the end of its
 stdin and exits.
 
-Each started process also reports its GPU (name, compute capability, driver) on a pipe once its
-context is made (`WarmLanes.gpus`), so the supervisor starts no CUDA of its own: its start (every
-GPU of the node) held up the measuring process's context on a 4x H200 host, 0.47 s alone and
-1.23-1.26 s beside it, on the path to the first measurement. Where a process cannot report, the
-supervisor asks torch as before, which also names what is wrong.
+Each started process also reports its GPU (`ctbuild.tune.tuner.current_device`: arch, name,
+driver) on a pipe once its context is made (`WarmLanes.gpus`), so the supervisor starts no CUDA
+of its own: its start (every GPU of the node) held up the measuring process's context on a 4x
+H200 host, 0.47 s alone and 1.23-1.26 s beside it, on the path to the first measurement. Where a
+process cannot report, the supervisor asks torch as before, which also names what is wrong.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
 REPORT_FD = "CTBUILD_WARM_REPORT_FD"
 #: Seconds the supervisor waits for every started process's report (import and context).
 REPORT_WAIT_S = 120.0
-#: The most bytes of one report read (a GPU's name and capability).
+#: The most bytes of one report read (a GPU's arch, name and driver).
 REPORT_MAX = 4096
 
 
@@ -100,8 +100,8 @@ class WarmLanes:
             self._reports.append(read)
 
     def gpus(self, wait_s: float = REPORT_WAIT_S) -> list[dict[str, Any]] | None:
-        """What every started process reported of its GPU (``name``, ``capability``,
-        ``driver``: the parts of a `ctbuild.tune.tuner.Device`), in the order of the lanes;
+        """What every started process reported of its GPU (the fields of its
+        `ctbuild.tune.tuner.Device`: ``arch``, ``name``, ``driver``), in the order of the lanes;
         None where one was not started, or could not report in ``wait_s`` (no GPU, a context
         that failed: the caller asks torch, which says why). Read once."""
         reports, self._reports = self._reports, []
@@ -169,10 +169,19 @@ def _report(fd: int, deadline: float) -> dict[str, Any] | None:
         found = json.loads(data) if len(data) <= REPORT_MAX else None
     except ValueError:
         return None
-    ok = isinstance(found, dict) and isinstance(found.get("name"), str) and \
-        isinstance(found.get("driver"), str) and isinstance(found.get("capability"), list) \
-        and len(found["capability"]) == 2 and all(type(v) is int for v in found["capability"])
+    fields = ("arch", "name", "driver")
+    ok = isinstance(found, dict) and set(found) == set(fields) and \
+        all(isinstance(found[f], str) for f in fields)
     return found if ok else None
+
+
+def gpu_report() -> bytes:
+    """This process's GPU as `WarmLanes.gpus` reads it: its `ctbuild.tune.tuner.Device` but
+    the index (which the supervisor knows, and the lane sees as 0)."""
+    from .tuner import current_device
+    device = current_device()
+    return json.dumps({"arch": device.arch, "name": device.name,
+                       "driver": device.driver}).encode()
 
 
 def wait_for_spec() -> str | None:
@@ -184,10 +193,7 @@ def wait_for_spec() -> str | None:
     try:
         import torch
         torch.empty(1, device="cuda")  # the context, on the GPU the lane's env names
-        from .tuner import driver_version
-        report = json.dumps({"name": torch.cuda.get_device_name(),
-                             "capability": list(torch.cuda.get_device_capability()),
-                             "driver": driver_version()}).encode()
+        report = gpu_report()
     except Exception:  # noqa: BLE001 - the run itself reports a GPU it cannot use
         pass
     if fd is not None and fd.isdigit():

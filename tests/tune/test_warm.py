@@ -113,12 +113,12 @@ def test_a_started_process_without_a_gpu_reports_none_and_still_waits_for_its_sp
 
 
 @pytest.mark.parametrize(("written", "expected"), [
-    (b'{"name": "NVIDIA H200", "capability": [9, 0], "driver": "580.159"}',
-     {"name": "NVIDIA H200", "capability": [9, 0], "driver": "580.159"}),
-    (b"", None), (b"not json", None), (b'{"name": "x", "capability": [9], "driver": "1"}', None),
-    (b'{"name": "x", "capability": [9, "0"], "driver": "1"}', None), (b'[1, 2]', None),
-    (b'{"name": "x", "capability": [9, 0]}', None),
-    (b'{"name": "' + b"x" * 8192 + b'", "capability": [9, 0], "driver": "1"}', None),
+    (b'{"arch": "sm_90", "name": "NVIDIA H200", "driver": "580.159"}',
+     {"arch": "sm_90", "name": "NVIDIA H200", "driver": "580.159"}),
+    (b"", None), (b"not json", None), (b'{"arch": "sm_90", "name": "x"}', None),
+    (b'{"arch": 90, "name": "x", "driver": "1"}', None), (b'[1, 2]', None),
+    (b'{"arch": "sm_90", "name": "x", "driver": "1", "index": 3}', None),
+    (b'{"arch": "sm_90", "name": "' + b"x" * 8192 + b'", "driver": "1"}', None),
 ])
 def test_a_report_is_read_only_as_this_module_writes_it(written: bytes, expected: object) -> None:
     import os
@@ -146,16 +146,27 @@ def test_a_report_never_written_is_given_up_at_the_deadline() -> None:
         os.close(write)
 
 
-def test_the_gpu_to_tune_on_is_taken_from_the_reports_of_one_model() -> None:
+def test_the_gpu_to_tune_on_is_taken_from_the_reports_of_one_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report as a started process writes it (its `current_device`, asked of torch there:
+    no GPU here to ask) gives the supervisor the same device, at the lane's own index."""
+    import os
+
+    import ctbuild.tune.tuner as tuner
     from ctbuild.commands.tune import lanes_device
-    h200 = {"name": "NVIDIA H200", "capability": [9, 0], "driver": "580.159"}
+    from ctbuild.tune.warm import _report, gpu_report
+    monkeypatch.setattr(tuner, "current_device",
+                        lambda: tuner.Device(0, "sm_90", "NVIDIA H200", "580.159"))
+    read, write = os.pipe()
+    os.write(write, gpu_report())
+    os.close(write)
+    h200 = _report(read, time.monotonic() + 30)
+    assert h200 is not None
     gpus, device = lanes_device(None, [h200]) or (None, None)
-    assert gpus is None and device is not None
-    assert (device.index, device.arch, device.name, device.driver) == \
-        (0, "sm_90", "NVIDIA H200", "580.159")
+    assert gpus is None and device == tuner.Device(0, "sm_90", "NVIDIA H200", "580.159")
     gpus, device = lanes_device("1,0", [h200, h200]) or (None, None)
     assert gpus == [1, 0] and device is not None and device.index == 1
-    b200 = {"name": "NVIDIA B200", "capability": [10, 0], "driver": "580.159"}
+    b200 = {"arch": "sm_100", "name": "NVIDIA B200", "driver": "580.159"}
     assert lanes_device("0,1", [h200, b200]) is None  # torch names the mixed models
     assert lanes_device("0,1", [h200]) is None and lanes_device(None, []) is None
     assert lanes_device("0,x", [h200]) is None and lanes_device(None, None) is None
