@@ -112,6 +112,21 @@ def test_a_started_process_without_a_gpu_reports_none_and_still_waits_for_its_sp
         warm.close()
 
 
+@pytest.mark.gpu
+def test_a_started_process_reports_the_gpu_torch_names_here() -> None:
+    """On a GPU the supervisor tunes on what the started process reports: the same device as
+    `current_device` gives in this process (a report that failed would fall back to torch
+    silently, and this is the one place that would show it)."""
+    from ctbuild.tune.tuner import current_device
+    warm = WarmLanes([0])
+    try:
+        reports = warm.gpus()
+    finally:
+        warm.close()
+    here = current_device(0)
+    assert reports == [{"arch": here.arch, "name": here.name, "driver": here.driver}]
+
+
 @pytest.mark.parametrize(("written", "expected"), [
     (b'{"arch": "sm_90", "name": "NVIDIA H200", "driver": "580.159"}',
      {"arch": "sm_90", "name": "NVIDIA H200", "driver": "580.159"}),
