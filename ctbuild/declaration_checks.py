@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import typing
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .bucket_map import MAX_SPLITS
@@ -24,6 +25,35 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'X'?)`` for the closest of ``choices``, else ``""``."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def article(word: str) -> str:
+    """``an int``, ``a dict``: a word (a type's name) with its article."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
+def given(value: Any) -> str:
+    """A wrong argument as a message shows it: its type and its (shortened) value."""
+    text = repr(value)
+    return f"{article(type(value).__name__)} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def checked_names(what: str, value: Any, error: Callable[[str], Exception]) -> tuple[str, ...]:
+    """``restore=``, ``reset_to_zero=``, ``params=``: argument names, a list or tuple of them;
+    one name given as a str is that name (``tuple("OUT")`` would be its letters)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value):
+        return tuple(value)
+    raise error(f"{what}= must be an argument name or a tuple of them, got {given(value)}")
+
+
+def cap_problem(cap: Any) -> str | None:
+    """A ``cap`` (``autotune(cap=)``, ctbuild.toml's ``cap``) that is not a whole number >= 1."""
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+        return None
+    return (f"cap must be a whole number >= 1 (the most configs per kernel, workload and arch), "
+            f"got {given(cap)}")
 
 
 def _where(fn: Callable[..., Any]) -> str:
@@ -54,10 +84,14 @@ def arity_problem(what: str, fn: Any, counts: Sequence[int], shape: str) -> str 
             f"parameter{'s' if len(positional) != 1 else ''} ({names})")
 
 
-def default_problem(default: Mapping[str, Any], space: Space) -> str | None:
+def default_problem(default: Any, space: Space) -> str | None:
     """Why a declared default config is not in the space: a misspelt axis, a missing axis, a
-    value the axis does not have, or a combination the space does not hold."""
+    value the axis does not have, or a combination the space does not hold; or no dict at all
+    (``default="TT=16"``)."""
     configs = space.enumerate()
+    if not isinstance(default, Mapping):
+        return (f"default must be a dict of axis values (or a function default(w) returning "
+                f"one), got {given(default)}; e.g. default={configs[0]}")
     if any(Config(c) == Config(default) for c in configs):
         return None
     axes = space.axes()
@@ -75,6 +109,26 @@ def default_problem(default: Mapping[str, Any], space: Space) -> str | None:
             return f"default {name}={value!r} is not one of that axis's values ({shown})"
     return (f"default config {Config(default)!r} is not in the search space (each value is, "
             "this combination is not)")
+
+
+def int_axis_problem(fn: Callable[..., Any], space: Space) -> str | None:
+    """An axis whose kernel parameter is annotated int (``TILE: ct.Constant[int]``) given a
+    value that is not one (``TILE=[8.0, 16.0]``): the plan would blame the grid it makes
+    (``grid (64.0,)``). Other axes take any value (``ct.Constant[float]``, a grid-only knob)."""
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # an annotation that does not evaluate here: nothing to check
+        return None
+    ints = [name for name, hint in hints.items() if typing.get_origin(hint) is typing.Annotated
+            and typing.get_args(hint)[0] is int]
+    for cfg in space.enumerate() if ints else ():
+        for name in ints:
+            if name in cfg and not isinstance(cfg[name], int):
+                value = cfg[name]
+                return (f"axis {name!r} has the value {value!r} ({article(type(value).__name__)}),"
+                        f" but the kernel parameter {name} is an int ({name}: "
+                        "ct.Constant[int]); give the axis int values")
+    return None
 
 
 def bucket_problem(key_fn: Any, params: Sequence[str], first: Mapping[str, Any] | None

@@ -21,9 +21,14 @@ from .arch import Arch
 from .declaration_checks import (
     arity_problem,
     bucket_problem,
+    cap_problem,
     checked_max_splits,
+    checked_names,
     default_problem,
+    did_you_mean,
     duplicate_problem,
+    given,
+    int_axis_problem,
     workload_problem,
 )
 from .declared_inputs import declared_check, declared_inputs
@@ -93,28 +98,30 @@ class TunedKernel:
         self.axes = self.space.axes()
         self.kernel_params = cutile.param_names(kernel)
         self._constant_params = cutile.constant_params(kernel)
-        given = [_as_workload(w) for w in workloads]
-        self.params = self._call_params(params, args, given)
+        if problem := int_axis_problem(self.pyfunc, self.space):
+            raise self.error(problem)
+        declared = self._workloads_of(workloads)
+        self.params = self._call_params(params, args, declared)
         #: ``grid(cfg, w)`` or ``grid(cfg, w, dev)`` (`wants_device` tells which)
         self.grid_fn: Callable[..., Any] = grid
         self.args_fn = args
         self.hints_fn = hints
         self.key_fn = key or default_key_fn()
         self.default = default
-        self.restore = tuple(restore)
-        self.reset_to_zero = tuple(reset_to_zero)
-        self.cap = None if cap is None else int(cap)
-        if self.cap is not None and self.cap < 1:
-            raise self.error(f"cap must be >= 1, got {cap}")
+        self.restore = checked_names("restore", restore, self.error)
+        self.reset_to_zero = checked_names("reset_to_zero", reset_to_zero, self.error)
+        if cap is not None and (problem := cap_problem(cap)):
+            raise self.error(problem)
+        self.cap: int | None = cap
         self._check_argument_names(custom_args=args is not None)
-        self.declared_workloads = [self._check_workload(w) for w in given]
+        self.declared_workloads = [self._check_workload(w) for w in declared]
         self.inputs = declared_inputs(inputs, self.params, self.declared_workloads, self.error)
         self.check = declared_check(check, self.error)
         self.max_splits = checked_max_splits(max_splits, self.error)
         self.dynamic_workloads, self.workloads, self.buckets = self._expand_workloads()
         self._wants_device = wants_device(grid)
         if default is not None and not callable(default):
-            self._check_default(Config(default, self.name))
+            self._check_default(default)
         self._fingerprint: str | None = None
         self._constant_args: frozenset[str] | None = None
         self._runtime: Any = None
@@ -137,28 +144,49 @@ class TunedKernel:
         except (TypeError, ValueError) as exc:
             raise self.error(f"bad search space: {exc}") from None
 
+    def _workloads_of(self, workloads: Any) -> list[Workload]:
+        """The declared workloads: a list of dicts, one per call (a lone dict would be read
+        as its argument names)."""
+        if isinstance(workloads, (Mapping, str)) or not isinstance(workloads, Iterable):
+            raise self.error(f"workloads must be a list of dicts of call arguments, one per "
+                             f"call, got {given(workloads)}"
+                             + ("; put it in a list: workloads=[{...}]"
+                                if isinstance(workloads, Mapping) else ""))
+        items = list(workloads)
+        if bad := [w for w in items if not isinstance(w, Mapping)]:
+            raise self.error(f"each workload must be a dict of call arguments, got "
+                             f"{given(bad[0])}")
+        return [_as_workload(w) for w in items]
+
     def _call_params(self, params: Sequence[str] | None, args: Callable | None,
-                     given: list[Workload]) -> tuple[str, ...]:
+                     declared: list[Workload]) -> tuple[str, ...]:
         """The names a caller passes: ``params=``, else a custom ``args=``'s (the first
         workload's names), else the kernel parameters that are not search-space axes."""
         if params is not None:
-            return tuple(params)
-        if args is not None and given:
-            return tuple(given[0])  # a custom args= decides what the caller passes
+            return checked_names("params", params, self.error)
+        if args is not None and declared:
+            return tuple(declared[0])  # a custom args= decides what the caller passes
         return tuple(p for p in self.kernel_params if p not in self.axes)
 
     def _check_argument_names(self, *, custom_args: bool) -> None:
         """restore= and reset_to_zero= name call arguments; without a custom ``args=`` every
-        kernel parameter is a call argument or an axis (else the launch would lack it)."""
+        kernel parameter is a call argument or an axis (else the launch would lack it), which
+        only a ``params=`` can break: its entries that match no kernel parameter are named (most
+        often the missing one, misspelt)."""
         for what, names in (("restore", self.restore), ("reset_to_zero", self.reset_to_zero)):
             if unknown := [n for n in names if n not in self.params]:
-                raise self.error(f"{what} names unknown argument(s) {unknown}; "
+                raise self.error(f"{what}= names unknown argument {unknown[0]!r}"
+                                 f"{did_you_mean(unknown[0], self.params)}; "
                                  f"arguments: {', '.join(self.params)}")
         if not custom_args:
             missing = [p for p in self.kernel_params if p not in self.params and p not in self.axes]
             if missing:
+                strays = [p for p in self.params if p not in self.kernel_params]
+                named = "".join(f"; params= names {p!r}, which is no kernel parameter"
+                                f"{did_you_mean(p, missing)}" for p in strays)
                 raise self.error(f"kernel parameter(s) {missing} are neither call arguments nor "
-                                 "search-space axes; add them to the space or pass args=")
+                                 f"search-space axes{named}; add them to params= or the space, or pass "
+                                 "args=")
 
     def _expand_workloads(self) -> tuple[list[Workload], list[Workload], dict[Workload, Bucket]]:
         """The declared workloads, once the tuning key's ``bucket=`` names only arguments and
@@ -228,8 +256,8 @@ class TunedKernel:
             raise TypeError(f"kernel {self.name!r}: missing argument(s) {missing}")
         return Workload({p: values[p] for p in self.params})
 
-    def _check_default(self, cfg: Config) -> None:
-        if problem := default_problem(cfg, self.space):
+    def _check_default(self, default: Any) -> None:
+        if problem := default_problem(default, self.space):
             raise self.error(problem)
 
     def default_config(self, w: Workload) -> Config:
@@ -237,10 +265,9 @@ class TunedKernel:
         if self.default is None:
             return Config(self.space.enumerate()[0], self.name)
         value = self.default(w) if callable(self.default) else self.default
-        cfg = Config(value, self.name)
         if callable(self.default):
-            self._check_default(cfg)
-        return cfg
+            self._check_default(value)
+        return Config(value, self.name)
 
     def candidates(self, w: Workload, arch: Arch, cap: int = DEFAULT_CAP) -> Candidates:
         """The pruned, capped candidate configs for one workload and arch.

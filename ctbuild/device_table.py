@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
 from .arch import Arch
+from .declaration_checks import did_you_mean
 
 
 class DeviceInfo(NamedTuple):
@@ -74,6 +75,10 @@ def explain_device(arch: str, gpu: str | None, near: Path | None) -> tuple[Devic
             f"{{ name = \"{gpu}\", sm_count = N }}")
 
 
+#: The fields a ``[devices]`` entry may set.
+DEVICE_FIELDS = ("name", "sm_count")
+
+
 def parse_devices(table: Mapping[str, Any], where: str) -> dict[str, dict[str, Any]]:
     """Validate a ``[devices]`` table: ``sm_XY = { name = "...", sm_count = N }``."""
     from .arch import Arch
@@ -83,9 +88,13 @@ def parse_devices(table: Mapping[str, Any], where: str) -> dict[str, dict[str, A
             key = str(Arch(arch))
         except ValueError as exc:
             raise ValueError(f"{where}: [devices] {exc}") from None
-        if not isinstance(entry, Mapping) or set(entry) - {"name", "sm_count"}:
+        if not isinstance(entry, Mapping):
             raise ValueError(f"{where}: [devices] {arch} must be a table with name and/or "
                              f"sm_count, got {entry!r}")
+        if unknown := [k for k in entry if k not in DEVICE_FIELDS]:
+            raise ValueError(f"{where}: [devices] {arch} has unknown field {unknown[0]!r}"
+                             f"{did_you_mean(unknown[0], DEVICE_FIELDS)}; fields: "
+                             f"{', '.join(DEVICE_FIELDS)}")
         sms = entry.get("sm_count", 1)
         if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
             raise ValueError(f"{where}: [devices] {arch}.sm_count must be a positive integer")

@@ -7,7 +7,6 @@ Relative paths in the file are relative to the file, so a build works from any d
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import re
@@ -20,6 +19,7 @@ from typing import Any
 
 from . import settings
 from .arch import Arch, parse_archs
+from .declaration_checks import article, cap_problem, did_you_mean
 from .declare import DEFAULT_CAP, DeclarationError, TunedKernel, registered
 from .device_table import parse_devices
 
@@ -94,9 +94,8 @@ def select_kernels(kernels: list[TunedKernel], names: list[str] | None) -> list[
     known = [k.name for k in kernels]
     for name in names:
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"--kernel {name}: no such kernel in this project{hint}; "
+            raise ConfigError(f"--kernel {name}: no such kernel in this project"
+                              f"{did_you_mean(name, known)}; "
                               f"kernels: {', '.join(known)}")
     return [k for k in kernels if k.name in names]
 
@@ -142,9 +141,11 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | list[str
             raise ConfigError(f"{file}: has no [tool.ctbuild] table")
         for k, v in table.items():
             if k not in _KEYS:
-                raise ConfigError(f"{file}: unknown key {k!r}; known keys: {', '.join(_KEYS)}")
+                raise ConfigError(f"{file}: unknown key {k!r}{did_you_mean(k, _KEYS)}; known "
+                                  f"keys: {', '.join(_KEYS)}")
             if not isinstance(v, _KEYS[k]) or (isinstance(v, bool) and _KEYS[k] is not bool):
-                raise ConfigError(f"{file}: {k!r} must be a {_KEYS[k].__name__}, got {v!r}")
+                raise ConfigError(f"{file}: {k!r} must be {article(_KEYS[k].__name__)}, "
+                                  f"got {v!r}")
     base = file.parent.resolve() if file else Path.cwd()
     project = Project(path=file)
     project.modules = [str(m) for m in table.get("modules", [])]
@@ -160,9 +161,9 @@ def load_project(path: str | os.PathLike | None = None, *, archs: str | list[str
         project.devices = parse_devices(table.get("devices", {}), project.where)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    project.cap = cap if cap is not None else int(table.get("cap", DEFAULT_CAP))
-    if project.cap < 1:
-        raise ConfigError(f"{project.where}: cap must be >= 1, got {project.cap}")
+    project.cap = cap if cap is not None else table.get("cap", DEFAULT_CAP)
+    if problem := cap_problem(project.cap):
+        raise ConfigError(f"{project.where}: {problem}")
     project.cache = settings.cache_choice(cache_dir, config_value=table.get("cache_dir"),
                                           config_file=file, how=how)
     project.cache_dir = project.cache.path.resolve()

@@ -134,6 +134,11 @@ class Product(Space):
 
     def __init__(self, *groups: Zip, where: Constraint | None = None,
                  **axes: Sequence[Any]) -> None:
+        for group in groups:
+            if not isinstance(group, Zip):
+                fix = f"; write Product(**{group!r})" if isinstance(group, Mapping) else ""
+                raise TypeError(f"Product takes axes as keywords (Product(TM=[64, 128])) and Zip "
+                                f"groups, got the {type(group).__name__} {group!r}{fix}")
         for name, values in axes.items():
             if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
                 raise TypeError(f"axis {name!r} must be a list of values, got {values!r}")
@@ -162,7 +167,14 @@ class Configs(Space):
 
     def __init__(self, configs: Iterable[Mapping[str, Any]], *,
                  where: Constraint | None = None) -> None:
-        self._configs = [dict(c) for c in configs]
+        if isinstance(configs, (Mapping, str)) or not isinstance(configs, Iterable):
+            raise TypeError(f"Configs takes a list of dicts, one per config, got the "
+                            f"{type(configs).__name__} {configs!r}")
+        items = list(configs)
+        if bad := [c for c in items if not isinstance(c, Mapping)]:
+            raise TypeError(f"Configs takes a list of dicts, one per config, got the "
+                            f"{type(bad[0]).__name__} {bad[0]!r} in it")
+        self._configs = [dict(c) for c in items]
         if not self._configs:
             raise ValueError("Configs needs at least one config")
         self.where = where
@@ -181,6 +193,9 @@ def as_space(space: Space | Sequence[Mapping[str, Any]] | Mapping[str, Sequence[
                              "Product(..., where=...)")
         axes: dict[str, Any] = dict(space)
         return Product(**axes)
+    if isinstance(space, str) or not isinstance(space, Iterable):
+        raise TypeError(f"the space must be a Product, Configs, a dict of axes or a list of "
+                        f"configs, got the {type(space).__name__} {space!r}")
     return Configs(space)
 
 

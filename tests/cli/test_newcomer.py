@@ -35,9 +35,23 @@ def one_error(code: int, err: str, expected: str) -> None:
     assert expected in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+#: Arguments of the wrong type, as `MISTAKES` (the fixture's) are written.
+TYPE_MISTAKES = {
+    "default_str": ({"default": '"TILE=16"'},
+                    "default must be a dict of axis values (or a function default(w) returning "
+                    "one), got a str 'TILE=16'; e.g. default={'TILE': 16}"),
+    "product_dict": ({"space": 'Product({"TILE": [16, 32]})'},
+                     "Product takes axes as keywords (Product(TM=[64, 128])) and Zip groups, got "
+                     "the dict {'TILE': [16, 32]}; write Product(**{'TILE': [16, 32]})"),
+    "axis_float": ({"space": "Product(TILE=[16.0, 32.0])"},
+                   "axis 'TILE' has the value 16.0 (a float), but the kernel parameter TILE is "
+                   "an int (TILE: ct.Constant[int]); give the axis int values"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted({**MISTAKES, **TYPE_MISTAKES}))
 def test_declaration_mistake_fails_plan_at_import(tmp_path: Path, capsys, mistake: str) -> None:
-    changes, expected = MISTAKES[mistake]
+    changes, expected = {**MISTAKES, **TYPE_MISTAKES}[mistake]
     module = f"newcomer_{mistake}"
     (tmp_path / f"{module}.py").write_text(TEMPLATE.format(**{**GOOD, **changes}))
     config = tmp_path / "ctbuild.toml"
@@ -57,6 +71,30 @@ def test_one_dim_name_with_two_bucket_lists_shows_both(tmp_path: Path, capsys) -
     code, _, err = cli(capsys, "plan", "--config", str(tmp_path / "ctbuild.toml"))
     one_error(code, err, "Dim 'rows' is declared twice, differently: Dim('rows', 1, 4096, "
                          "buckets=(64, 4096)) and Dim('rows', 1, 4096); declare it once")
+
+
+CONFIG_MISTAKES = {
+    "key_dash": ('cache-dir = "c"', "unknown key 'cache-dir' (did you mean 'cache_dir'?); "
+                                    "known keys: modules, archs, cache_dir,"),
+    "key_singular": ('arch = ["sm_90"]', "unknown key 'arch' (did you mean 'archs'?)"),
+    "cap_str": ('cap = "1"', "'cap' must be an int, got '1'"),
+    "cap_zero": ("cap = 0", "cap must be a whole number >= 1 (the most configs per kernel, "
+                            "workload and arch), got an int 0"),
+    "device_field": ("[devices]\nsm_90 = { sm_cnt = 132 }",
+                     "[devices] sm_90 has unknown field 'sm_cnt' (did you mean 'sm_count'?); "
+                     "fields: name, sm_count"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(CONFIG_MISTAKES))
+def test_config_mistake_is_named(tmp_path: Path, capsys, mistake: str) -> None:
+    """A misspelt ctbuild.toml key or [devices] field gets a "did you mean"."""
+    line, expected = CONFIG_MISTAKES[mistake]
+    config = tmp_path / "ctbuild.toml"
+    config.write_text(f'modules = ["newcomer_kernels"]\n{line}\n')
+    code, out, err = cli(capsys, "plan", "--config", str(config))
+    one_error(code, err, f"{config}: {expected}")
+    assert not out
 
 
 @pytest.mark.parametrize("kernel,expected", [
