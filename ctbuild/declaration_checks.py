@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .bucket_map import MAX_SPLITS
 from .space import HINT_NAMES, TRITON_KNOBS, Config, Space
+from .specs import Workload
 
 #: CUDA's grid limits (blocks per dimension) on every arch tileiras targets; cuTile's launch
 #: checks the device's own (`_get_max_grid_size`), which are these.
@@ -46,6 +47,19 @@ def checked_names(what: str, value: Any, error: Callable[[str], Exception]) -> t
     if isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value):
         return tuple(value)
     raise error(f"{what}= must be an argument name or a tuple of them, got {given(value)}")
+
+
+def checked_workloads(workloads: Any, error: Callable[[str], Exception]) -> list[Workload]:
+    """``workloads=`` as `Workload` s: a list of dicts, one per call (a lone dict would be read
+    as its argument names)."""
+    if isinstance(workloads, (Mapping, str)) or not isinstance(workloads, Iterable):
+        fix = "; put it in a list: workloads=[{...}]" if isinstance(workloads, Mapping) else ""
+        raise error(f"workloads must be a list of dicts of call arguments, one per call, got "
+                    f"{given(workloads)}{fix}")
+    items = list(workloads)
+    if bad := [w for w in items if not isinstance(w, Mapping)]:
+        raise error(f"each workload must be a dict of call arguments, got {given(bad[0])}")
+    return [w if isinstance(w, Workload) else Workload(dict(w)) for w in items]
 
 
 def cap_problem(cap: Any) -> str | None:

@@ -24,10 +24,10 @@ from .declaration_checks import (
     cap_problem,
     checked_max_splits,
     checked_names,
+    checked_workloads,
     default_problem,
     did_you_mean,
     duplicate_problem,
-    given,
     int_axis_problem,
     workload_problem,
 )
@@ -64,10 +64,6 @@ class Candidates(NamedTuple):
     default: Config
 
 
-def _as_workload(value: Workload | Mapping[str, Any]) -> Workload:
-    return value if isinstance(value, Workload) else Workload(dict(value))
-
-
 class TunedKernel:
     """A cuTile kernel with its search space, workloads and tuning policy.
 
@@ -100,7 +96,7 @@ class TunedKernel:
         self._constant_params = cutile.constant_params(kernel)
         if problem := int_axis_problem(self.pyfunc, self.space):
             raise self.error(problem)
-        declared = self._workloads_of(workloads)
+        declared = checked_workloads(workloads, self.error)
         self.params = self._call_params(params, args, declared)
         #: ``grid(cfg, w)`` or ``grid(cfg, w, dev)`` (`wants_device` tells which)
         self.grid_fn: Callable[..., Any] = grid
@@ -143,20 +139,6 @@ class TunedKernel:
             return as_space(space)
         except (TypeError, ValueError) as exc:
             raise self.error(f"bad search space: {exc}") from None
-
-    def _workloads_of(self, workloads: Any) -> list[Workload]:
-        """The declared workloads: a list of dicts, one per call (a lone dict would be read
-        as its argument names)."""
-        if isinstance(workloads, (Mapping, str)) or not isinstance(workloads, Iterable):
-            raise self.error(f"workloads must be a list of dicts of call arguments, one per "
-                             f"call, got {given(workloads)}"
-                             + ("; put it in a list: workloads=[{...}]"
-                                if isinstance(workloads, Mapping) else ""))
-        items = list(workloads)
-        if bad := [w for w in items if not isinstance(w, Mapping)]:
-            raise self.error(f"each workload must be a dict of call arguments, got "
-                             f"{given(bad[0])}")
-        return [_as_workload(w) for w in items]
 
     def _call_params(self, params: Sequence[str] | None, args: Callable | None,
                      declared: list[Workload]) -> tuple[str, ...]:
