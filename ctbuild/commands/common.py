@@ -60,8 +60,9 @@ def arch_list(text: str) -> list[str]:
 def add_project_args(parser: argparse.ArgumentParser, *, archs: bool = True,
                      cache: bool = True) -> None:
     parser.add_argument("--config", metavar="PATH",
-                        help="ctbuild.toml or pyproject.toml with [tool.ctbuild] "
-                             "(default: found in the current directory)")
+                        help="ctbuild.toml or pyproject.toml with [tool.ctbuild] (default: "
+                             f"${settings.CONFIG_ENV}, else the first found upward from the "
+                             "current directory)")
     if archs:
         parser.add_argument("--arch", metavar="LIST", type=arch_list,
                             help="target archs, comma-separated, e.g. sm_90,sm_100 "

@@ -19,8 +19,9 @@ def add_identity_args(cache_parser: argparse.ArgumentParser) -> None:
                              "(exit 1 naming the kernel on a mismatch, or on an entry it cannot "
                              "check: no digest or workload recorded; needs tileiras)")
     verify.add_argument("--config", metavar="PATH",
-                        help="with --identity: the project config (default: found in the "
-                             "current directory)")
+                        help="with --identity: the project config (default: "
+                             f"${settings.CONFIG_ENV}, else the ctbuild.toml found upward "
+                             "from the current directory)")
 
 
 @guarded
