@@ -456,6 +456,7 @@ def autotune(*, space: Any, grid: Callable[[Config, Workload], tuple],
         key: ``key(w) -> tuple``: workloads with equal keys share a winner. Default:
             shapes + dtypes + stride patterns (``ctbuild.key(bucket=...)`` buckets dims).
         default: the config used without a tuning record; a dict, or ``default(w) -> dict``.
+            Default: the space's first config.
         workloads: the call arguments it will see, as dicts of `Tensor`/`Scalar`/values.
         restore: call arguments the kernel writes in place: snapshot and restore while tuning.
         reset_to_zero: accumulators zeroed before every sample and every real launch.
