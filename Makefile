@@ -12,7 +12,11 @@ STAMP16 := $(VENV16)/.installed
 
 # setup.py and the C sources: the editable install builds the C module into the source tree.
 FAST_PATH := $(addprefix ctbuild/serve/_fast_path,.h _layout.h .c _layout.c _check.c _table.c _call.c)
+# compat mode puts the tree's root on sys.path and builds the C module in place, as the tree is
+# run elsewhere (docs/architecture.md, "Why farm and cache live inside the ctbuild namespace");
+# setuptools warns about it (a plain editable install warns too), which is expected.
 $(STAMP): pyproject.toml setup.py $(FAST_PATH)
+	@echo "Installing torch, cuda-tile $(CUTILE) and an editable ctbuild into $(VENV): about a minute (setuptools' editable-mode warning is expected)"
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0 'cuda-tile[tileiras]==$(CUTILE)' -e '.[test]' \
@@ -20,6 +24,7 @@ $(STAMP): pyproject.toml setup.py $(FAST_PATH)
 	touch $@
 
 $(STAMP16): pyproject.toml setup.py $(FAST_PATH)
+	@echo "Installing torch, cuda-tile $(CUTILE_OLDEST) and an editable ctbuild into $(VENV16): about a minute (setuptools' editable-mode warning is expected)"
 	$(PY) -m venv $(VENV16)
 	$(VENV16)/bin/pip install -q --upgrade pip
 	$(VENV16)/bin/pip install -q torch==2.13.0 'cuda-tile[tileiras]==$(CUTILE_OLDEST)' \
