@@ -166,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str], verbose: bool) -> int:
     try:
+        os.getcwd()
+    except FileNotFoundError:  # every relative path, and the defaults, would fail without a name
+        print("ctbuild: error: the current directory no longer exists (deleted, or its mount "
+              "is gone): cd to an existing directory and run again", file=sys.stderr)
+        return 2
+    try:
         parser = build_parser(only=chosen_command(argv))
         args = parser.parse_args(argv)
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,

@@ -179,3 +179,17 @@ def test_a_subcommand_imports_only_its_own_module(tmp_path):
     for other in ("plan", "precompile", "tune", "doctor"):
         assert f"ctbuild.commands.{other}'" not in loaded, loaded
     assert "ray" not in loaded and "farm" not in loaded, loaded
+
+
+def test_a_deleted_working_directory_is_named(tmp_path: Path) -> None:
+    """Every default path (the cache, the config's search) hangs on the working directory; once
+    it is deleted the OS error carries no path ('No such file or directory'), so it is named
+    before anything runs."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = ("import os, sys\nos.chdir(sys.argv[1]); os.rmdir(sys.argv[1])\n"
+              "from ctbuild.cli import main\n"
+              "sys.exit(main(['plan', '--config', sys.argv[2]]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(gone), str(PROJECT / "ctbuild.toml")],
+                          env=env(), capture_output=True, text=True, timeout=120)
+    assert "current directory no longer exists" in one_line_error(proc, 2)
