@@ -30,7 +30,8 @@ _TEMP = re.compile(r"ctbuild-[A-Za-z0-9_]+")
 def failure_causes(failures: list[dict[str, Any]], kernels: Mapping[str, TunedKernel]
                    ) -> list[dict[str, Any]]:
     """One dict per cause (``kernel``, ``error_type``, ``error``, ``where``, ``jobs``: the
-    count, ``examples``: the first jobs' arch and config), in the order causes first failed.
+    count, ``examples``: the first distinct jobs' arch, dtypes and config), in the order causes
+    first failed.
     ``failures``: the build's failed jobs (``kernel``, ``arch``, ``config``, ``error_type``,
     ``error``: its first line)."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
@@ -43,11 +44,14 @@ def failure_causes(failures: list[dict[str, Any]], kernels: Mapping[str, TunedKe
         error = jobs[0].get("error") or ""
         kernel = kernels.get(name)
         where = None if _LOCATED.match(error) or kernel is None else declaration_line(kernel)
+        examples: list[dict[str, Any]] = []
+        for j in jobs:  # a config's exact and relaxed jobs read alike: each shown once
+            example = {"arch": j["arch"], "dtypes": _dtypes(j.get("workload")),
+                       "config": j.get("config") or {}}
+            if example not in examples and len(examples) < SHOWN_JOBS:
+                examples.append(example)
         causes.append({"kernel": name, "error_type": etype, "error": error, "where": where,
-                       "jobs": len(jobs),
-                       "examples": [{"arch": j["arch"], "dtypes": _dtypes(j.get("workload")),
-                                     "config": j.get("config") or {}}
-                                    for j in jobs[:SHOWN_JOBS]]})
+                       "jobs": len(jobs), "examples": examples})
     return causes
 
 
