@@ -13,5 +13,5 @@ def test_a_configs_exact_and_relaxed_jobs_are_shown_once() -> None:
     failures = [{**job, "config": {"TT": 12}}, {**job, "config": {"TT": 12}},
                 {**job, "config": {"TT": 24}}]
     [cause] = failure_causes(failures, {})
-    assert cause_line(cause) == ("k, 3 jobs (sm_90 float16 {TT=12}, sm_90 float16 {TT=24}): "
+    assert cause_line(cause) == ("k, 3 jobs (sm_90 float16 {TT=12}, sm_90 float16 {TT=24}, +1 more): "
                                  "TypeCheckingError: k.py:6:8: not a power of two")
