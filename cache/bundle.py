@@ -26,7 +26,9 @@ tar header before its data is read; blobs are streamed in chunks; the JSON docum
 bytes and parsed only after the signature (when one is required) verified, so memory stays
 bounded by the JSON limit (about 8x it at most), whatever the bundle holds. Only then does it
 store blobs, then entries (a compile entry after its blob, a tuning record after its winner); a
-failure while storing (a full disk) removes what this import added. Identical entries are left as
+failure or interruption while storing (a full disk, Ctrl-C) puts the cache back as it was: replaced
+entries get their previous values (kept, bounded, before each is replaced), added ones and blobs
+are removed. Identical entries are left as
 they are, so importing twice changes nothing; a differing entry is replaced by the bundle's.
 
 What it does not guarantee without a signature: digests (xxh3-128) detect damage, not intent. Anyone
@@ -44,7 +46,9 @@ import io
 import lzma
 import os
 import re
+import signal
 import tarfile
+import threading
 import zlib
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -85,12 +89,21 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
     toolchain profiles) and the blobs they need, signed with ``sign_key`` if given (``sequence`` and
     ``expires`` go into the signed statement). Entries whose
     blob is missing or corrupt, and tuning records whose winner is not exported, are left out and
-    listed under ``skipped``."""
+    listed under ``skipped``; stored values that could not be read or are malformed are left out
+    and counted under ``unreadable``. A damaged index is refused (CacheError, nothing written):
+    what it still lists is an arbitrary part of the cache."""
+    if damaged := store.integrity():
+        name, detail = next(iter(damaged.items()))
+        raise CacheError(f"cannot export: the {name} index is damaged ({detail.splitlines()[-1]}); nothing was "
+                         f"written; repair it first: {store.repair_hint()}")
+    unread_before = _unread(store)
     wanted = None if archs is None else set(archs)
     compile_entries, skipped = _exported_compile_entries(store, wanted)
     tuning, skipped_tuning = _exported_tuning_records(store, wanted, compile_entries)
     skipped += skipped_tuning
-    documents = {"toolchains.json": store.toolchains(), "compile.json": compile_entries, "tuning.json": tuning}
+    toolchains = store.toolchains()
+    unreadable = _unread(store) - unread_before
+    documents = {"toolchains.json": toolchains, "compile.json": compile_entries, "tuning.json": tuning}
     digests = sorted({entry["digest"] for entry in compile_entries.values()})
     counts = {"compile_entries": len(compile_entries), "tuning_records": len(tuning),
               "toolchains": len(documents["toolchains.json"]), "blobs": len(digests)}
@@ -122,7 +135,14 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
                 signature = {**sign(_members_subject(hashes), sign_key, sequence=sequence, expires=expires),
                              "members": hashes}
                 _add(tar, SIGNATURE, dumps(signature, what="signature").encode())
-    return {**counts, "bytes": total, "archs": manifest["archs"], "skipped": skipped, "signed": sign_key is not None}
+    return {**counts, "bytes": total, "archs": manifest["archs"], "skipped": skipped, "unreadable": unreadable,
+            "signed": sign_key is not None}
+
+
+def _unread(store: Store) -> int:
+    """How many stored values this store has failed to read or refused so far."""
+    counts = store.stats()
+    return counts["read_errors"] + counts["refused_values"]
 
 
 def _exported_compile_entries(store: Store, wanted: set[str] | None
@@ -170,67 +190,131 @@ def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_
     with _input(file) as stream:
         checked = _validate(store, stream, require_key=require_key, limits=limits, min_sequence=min_sequence)
         stream.seek(0)
-        added_blobs: list[str] = []
-        added_entries: list[tuple[Namespace, str]] = []
+        undo = _Undo(store, limits.json_size)
         try:
             with _open_tar(stream) as tar:
                 for member in _members(tar):
                     match = BLOB_MEMBER.fullmatch(member.name)
-                    if match is None:
-                        continue
-                    digest = match.group(1)
-                    extracted: ByteStream
-                    if checked.sha256.get(member.name) is not None:
-                        extracted = HashingReader(_extract(tar, member), hashlib.sha256())
-                    else:
-                        extracted = _extract(tar, member)
-                    if store.put_blob_stream(digest, extracted):
-                        added_blobs.append(digest)
-                        if (isinstance(extracted, HashingReader)
-                                and extracted.hexdigest() != checked.sha256[member.name]):
-                            raise CacheError(f"{member.name} changed while being imported; re-run the import")
+                    if match is not None:
+                        _store_blob(store, tar, member, match.group(1), checked, undo)
             ns = store.namespaces
             written = unchanged = 0
             for namespace, name in ((ns.toolchains, "toolchains.json"), (ns.compile, "compile.json"),
                                     (ns.tuning, "tuning.json")):
                 for key, entry in checked.documents[name].items():
-                    if _merge(store, namespace, key, entry, tag=entry["digest"] if namespace is ns.compile else None):
+                    if _merge(store, namespace, key, entry, undo,
+                              tag=entry["digest"] if namespace is ns.compile else None):
                         written += 1
-                        added_entries.append((namespace, key))
                     else:
                         unchanged += 1
         except BaseException as exc:
-            _undo(store, added_blobs, added_entries)
+            failed = undo.run()
+            state = ("the cache was restored to what it held before (replaced entries put back, added ones "
+                     "removed); nothing was imported" if not failed else
+                     f"{failed} of its changes could not be undone ({undo.first_error}): run "
+                     f"`ctbuild cache verify --cache {store.path}` and re-import")
+            if isinstance(exc, KeyboardInterrupt):
+                raise CacheError(f"import interrupted; {state}") from None
             if isinstance(exc, OSError):
-                raise CacheError(f"import failed while storing ({exc.strerror or exc}); what it had added was removed, "
-                                 "nothing was imported") from None
+                raise CacheError(f"import failed while storing ({exc.strerror or exc}); {state}") from None
+            if isinstance(exc, CacheError):
+                raise CacheError(f"{exc}; {state}") from None
             raise
     documents = checked.documents
-    return {"blobs": len(checked.blobs), "blobs_added": len(added_blobs), "entries_written": written,
+    return {"blobs": len(checked.blobs), "blobs_added": len(undo.blobs), "entries_written": written,
             "entries_unchanged": unchanged, "compile_entries": len(documents["compile.json"]),
             "tuning_records": len(documents["tuning.json"]), "toolchains": len(documents["toolchains.json"]),
             "signed": bool(checked.sha256)}
 
 
-def _undo(store: Store, blobs: list[str], entries: list[tuple[Namespace, str]]) -> None:
-    """Best effort: remove what a failed import added (a replaced entry is not restored)."""
-    for namespace, key in reversed(entries):
-        try:
-            namespace.delete(key)
-        except (CacheError, OSError):
-            pass
-    for digest in blobs:
-        try:
-            store.delete_blob(digest)
-        except (CacheError, OSError):
-            pass
+def _store_blob(store: Store, tar: tarfile.TarFile, member: tarfile.TarInfo, digest: str, checked: _Checked,
+                undo: _Undo) -> None:
+    """Store one blob member, hashed on the way when the bundle is signed."""
+    extracted: ByteStream = _extract(tar, member)
+    if checked.sha256.get(member.name) is not None:
+        extracted = HashingReader(extracted, hashlib.sha256())
+    new = not store.has_blob(digest)
+    if new:  # noted first: an interruption inside put_blob_stream must remove it too
+        undo.blobs.append(digest)
+    if not store.put_blob_stream(digest, extracted) and new:
+        undo.blobs.pop()  # another writer stored it meanwhile: not this import's to remove
+    if isinstance(extracted, HashingReader) and extracted.hexdigest() != checked.sha256[member.name]:
+        raise CacheError(f"{member.name} changed while being imported; re-run the import")
 
 
-def _merge(store: Store, namespace: Namespace, key: str, entry: dict[str, Any], *, tag: str | None) -> bool:
+class _Undo:
+    """What a failed or interrupted import must undo: the blobs it added and, per entry it
+    wrote, the value it replaced (None: added). Previous values are kept in memory, bounded
+    (``budget`` bytes, the import's JSON size limit): an import that would replace more refuses
+    to go on, and is undone like any failure."""
+
+    def __init__(self, store: Store, budget: int) -> None:
+        self.store = store
+        self.budget = budget
+        self.blobs: list[str] = []
+        self.entries: list[tuple[Namespace, str, tuple[str, str | None] | None]] = []
+        self.first_error = ""
+
+    def note(self, namespace: Namespace, key: str, previous: tuple[str, str | None] | None) -> None:
+        """Remember ``key``'s value (text, tag) before it is written; noted before the write, so
+        an interruption mid-write is undone too."""
+        if previous is not None:
+            self.budget -= len(previous[0])
+            if self.budget < 0:
+                raise CacheError("the bundle replaces more existing entries than an import keeps for undoing "
+                                 "(--max-json-size)")
+        self.entries.append((namespace, key, previous))
+
+    def run(self) -> int:
+        """Put back every replaced entry, remove every added entry and blob; how many could not
+        be. Ctrl-C is held off meanwhile: a half-undone import would lose the entries it replaced."""
+        failed = 0
+        with _signals_held():
+            for namespace, key, previous in reversed(self.entries):
+                try:
+                    if previous is None:
+                        namespace.delete(key)
+                    else:
+                        namespace.set(key, previous[0], tag=previous[1])
+                except (CacheError, OSError) as exc:
+                    failed += self._failed(exc)
+            for digest in self.blobs:
+                try:
+                    self.store.delete_blob(digest)
+                except (CacheError, OSError) as exc:
+                    failed += self._failed(exc)
+        return failed
+
+    def _failed(self, exc: Exception) -> int:
+        self.first_error = self.first_error or str(exc)
+        return 1
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Run the block with SIGINT and SIGTERM blocked (main thread only). One arriving meanwhile
+    is dropped: the block is an import's undo, which ends in the import's error anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        while signal.sigtimedwait(held, 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _merge(store: Store, namespace: Namespace, key: str, entry: dict[str, Any], undo: _Undo, *,
+           tag: str | None) -> bool:
+    """Write ``entry`` unless the same is stored; True if written."""
     text = dumps(entry, what=key)
     found = store.read_entry(namespace, key)
     if found is not None and found[1] == text and found[0].tag == tag:
         return False
+    undo.note(namespace, key, None if found is None or type(found[1]) is not str else (found[1], found[0].tag))
     namespace.set(key, text, tag=tag)
     return True
 

@@ -32,13 +32,16 @@ MAX_DEPTH = 32
 #: One JSON value allowed per this many bytes of `ImportLimits.json_size`.
 BYTES_PER_VALUE = 16
 NOTHING = "nothing was imported"
+#: The largest blob the cache takes from outside: an import's default member limit, and what a
+#: rebuild reads of a value file (real CUBINs: KB to tens of MB).
+MAX_BLOB_SIZE = 256 * MIB
 
 
 @dataclass(frozen=True)
 class ImportLimits:
     """Caps of one import (``ctbuild cache import`` flags in parentheses)."""
 
-    member_size: int = 256 * MIB        # one member (--max-member-size); real CUBINs: KB to tens of MB
+    member_size: int = MAX_BLOB_SIZE    # one member (--max-member-size)
     members: int = 200_000              # members in all (--max-members)
     size: int = 64 * 2**30              # bytes it would take on disk, overhead included (--max-size)
     json_size: int = 32 * MIB           # the JSON documents together (--max-json-size)

@@ -4,8 +4,8 @@ keygen (the cache as an OCI image: :mod:`ctbuild.cache.oci`).
 The main ``ctbuild`` CLI calls :func:`add_cache_parser` to register them and
 :func:`run_cache_command` to run them; ``python -m ctbuild.cache`` does the same
 with a parser of its own.
-Exit codes: 0 done, 1 ``verify`` found problems or ``rm`` matched nothing, 2 bad input or an
-unusable cache (the message says what and what to do).
+Exit codes: 0 done, 1 ``verify`` found problems, ``rm`` matched nothing or ``export`` left
+entries out, 2 bad input or an unusable cache (the message says what and what to do).
 """
 
 from __future__ import annotations
@@ -357,19 +357,20 @@ def _verify(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
               for p in result["problems"]]
     lines += [f"  rebuilt the {name} index: kept {r['kept']} entries"
               + (f", {r['lost_rows']} unusable rows dropped" if r["lost_rows"] else "")
-              + "; the damaged file is in quarantine/" for name, r in result.get("rebuilt", {}).items()]
+              + "; what it could not use is in quarantine/" for name, r in result.get("rebuilt", {}).items()]
     left = [p for p in result["problems"] if p["kind"] in ("permission_denied", "unreadable_file")]
-    if left:
+    if left:  # no repair removes these: say what would fix them instead
         lines.append(f"{len(left)} path(s) could not be read and are left as they are: "
-                     + ("fix ownership or run as the cache's owner" if left[0]["kind"] == "permission_denied"
-                        else "check the disk"))
+                     + ("a permission problem, not damage: fix ownership or modes (the paths above), or run as "
+                        "the cache's owner" if left[0]["kind"] == "permission_denied" else "check the disk"))
+    fixable = len(result["problems"]) - len(left)
     if result["ok"]:
         lines.append("ok")
     elif args.repair:
-        lines.append(f"{len(result['problems'])} problem(s); repaired {result['repaired']}: "
-                     "re-run precompile to rebuild")
-    else:
-        lines.append(f"{len(result['problems'])} problem(s): `ctbuild cache verify --repair` removes them")
+        lines.append(f"{len(result['problems'])} problem(s); repaired {result['repaired']}"
+                     + (": re-run precompile to rebuild" if result["repaired"] else ""))
+    elif fixable:
+        lines.append(f"{fixable} problem(s): `ctbuild cache verify --repair` removes them")
     return result, "\n".join(lines), 0 if result["ok"] else 1
 
 
@@ -400,10 +401,16 @@ def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     text = (f"wrote {args.file}: {r['compile_entries']} compile entries, {r['tuning_records']} tuning records, "
             f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])})"
             f"{', signed' if r['signed'] else ''}")
+    left_out = []
     if r["skipped"]:
-        text += (f"\nskipped {len(r['skipped'])} entries whose CUBIN is missing or corrupt, and tuning records "
-                 "naming them (see `ctbuild cache verify`)")
-    return r, text, 0
+        shown = ", ".join(r["skipped"][:3]) + (", ..." if len(r["skipped"]) > 3 else "")
+        left_out.append(f"{len(r['skipped'])} entries whose CUBIN is missing, corrupt or unreadable, or tuning "
+                        f"records naming them ({shown})")
+    if r["unreadable"]:
+        left_out.append(f"{r['unreadable']} stored values that could not be read or are malformed")
+    if left_out:  # a whole bundle of what is intact, but not the whole cache: exit 1, as verify
+        text += f"\nleft out {' and '.join(left_out)}: see `ctbuild cache verify`"
+    return r, text, 1 if left_out else 0
 
 
 def _import(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:

@@ -7,8 +7,10 @@ Problems are dicts ``{"kind", "namespace", "key", "detail"}``. Kinds:
 expected JSON), ``corrupt_blob`` (bytes do not hash to their digest), ``missing_file`` (row without its
 value file), ``missing_blob`` (compile entry whose blob is gone or corrupt), ``bad_tag`` (entry's index
 tag is not its digest), ``missing_winner`` (tuning record whose winning compile entry is gone),
-``permission_denied`` (a file or index this user may not read) and ``unreadable_file`` (a value
-file the OS cannot read, e.g. an I/O error).
+``permission_denied`` (a file or index this user may not read), ``unreadable_file`` (a value
+file the OS cannot read, e.g. an I/O error), ``bad_file`` (a blob's value file is not a regular
+file: quarantined by a repair, never read) and ``interrupted_repair`` (a rebuild was interrupted:
+its aside directory is recovered first).
 
 ``repair`` removes what is broken — moving corrupt blob files into ``quarantine/``, deleting bad rows
 (by rowid when the key itself is unusable) — so the next precompile rebuilds it. It never removes
@@ -25,23 +27,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diskcache.core import DBNAME, MODE_RAW
 
+from .bundle_limits import MAX_BLOB_SIZE
 from .digest import digest_of, is_digest
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
 from .errors import (
-    PERMISSION_HINT,
     CacheError,
     DamagedCacheError,
     PermissionDeniedError,
     UnsafeValueError,
 )
 from .layout import QUARANTINE_DIR
-from .namespace import Namespace, RowInfo
+from .namespace import Namespace, RowInfo, denied, file_kind
 
 if TYPE_CHECKING:
     from .store import Store
@@ -106,10 +109,13 @@ class _Verification:
         self.problem(kind, namespace.directory.name, key, str(exc))
 
     def check_indexes(self) -> None:
-        """Check every namespace's SQLite index, rebuilding a damaged one when repairing."""
+        """Check every namespace's SQLite index, rebuilding a damaged one when repairing (after
+        finishing any rebuild that was interrupted)."""
         for namespace in self.store.namespaces.all():
             name = namespace.directory.name
             try:
+                if self.repair:
+                    self.finish_rebuilds(namespace)
                 detail = namespace.quick_check()
             except PermissionDeniedError as exc:
                 self.unreadable.add(name)
@@ -122,11 +128,26 @@ class _Verification:
                 self.unreadable.add(name)
                 continue
             try:
-                self.rebuilt[name] = rebuild_index(self.store, namespace)
+                self.add_rebuilt(name, rebuild_index(self.store, namespace))
                 self.repaired += 1
             except PermissionDeniedError as exc:  # a value file it would have to read: nothing moved
                 self.unreadable.add(name)
                 self.unreadable_value(namespace, str(namespace.directory), exc)
+
+    def finish_rebuilds(self, namespace: Namespace) -> None:
+        """Recover what a rebuild interrupted (Ctrl-C, a crash) left aside: its intact entries
+        are still there, and nothing else would ever bring them back."""
+        for aside in namespace.asides():
+            self.problem("interrupted_repair", namespace.directory.name, str(aside),
+                         "a rebuild of this index was interrupted; its intact entries are recovered")
+            self.add_rebuilt(namespace.directory.name, recover(self.store, namespace, aside))
+            self.repaired += 1
+
+    def add_rebuilt(self, name: str, counts: dict[str, int]) -> None:
+        """Count what a rebuild (or finishing one) kept and lost."""
+        total = self.rebuilt.setdefault(name, {"kept": 0, "lost_rows": 0})
+        for what, n in counts.items():
+            total[what] += n
 
     def rows(self, namespace: Namespace) -> list[RowInfo]:
         """A namespace's rows, or none when its index cannot be read (reported, then skipped)."""
@@ -185,13 +206,22 @@ class _Verification:
                             "blob key is not a digest", rowid=info.rowid)
                 continue
             try:
-                data = blobs.value_of(info)
+                kind = _kind_of(blobs, info)
+                data = blobs.value_of(info) if kind == "regular file" else None
             except UnsafeValueError as exc:
                 self.report("unsafe_value", blobs, info.key, str(exc))
                 continue
             except (PermissionDeniedError, DamagedCacheError) as exc:
                 states.unreadable.add(info.key)
                 self.unreadable_value(blobs, info.key, exc)
+                continue
+            if kind not in ("regular file", None):  # never read: a FIFO blocks, a link leads elsewhere
+                states.corrupt.add(info.key)
+                self.problem("bad_file", "blobs", info.key, f"value file {info.filename} is a {kind}")
+                if self.repair:
+                    (self.store.path / QUARANTINE_DIR).mkdir(exist_ok=True)
+                    blobs.move_out(info.key, self.store.path / QUARANTINE_DIR / f"{info.key}.{time.time_ns()}.bad")
+                    self.repaired += 1
                 continue
             if data is None:
                 if blobs.contains(info.key):
@@ -256,52 +286,130 @@ class _Verification:
 def rebuild_index(store: Store, namespace: Namespace) -> dict[str, int]:
     """Replace a damaged namespace by a fresh one holding what is still readable.
 
-    Inline rows (JSON entries) are copied row by row, skipping rows on broken pages; the blob
-    namespace is rebuilt from its value files, each re-hashed and stored under its digest, so every
-    intact CUBIN survives even when its row was lost. The old directory's ``cache.db`` is kept in
-    ``quarantine/``; the rest of it is removed. Returns counts of what was kept and lost.
+    The namespace's directory is moved aside in one rename, then :func:`recover` copies what is
+    intact back. An interruption at any point leaves every intact entry either in the namespace
+    or in the aside directory, which the next repair recovers first (`Namespace.asides`).
+    Returns counts of what was kept and lost.
     """
     directory = namespace.directory
     _check_readable(directory)
-    rows = namespace.readable_rows()
     namespace.close()
-    aside = directory.with_name(f".{directory.name}.damaged.{time.time_ns()}")
+    aside = namespace.aside_path()
     try:
         directory.rename(aside)
     except OSError as exc:
         raise CacheError(f"cannot move the damaged index {directory} aside ({exc.strerror}): stop every process "
                          f"using the cache, delete {directory / DBNAME}* by hand, then re-run precompile") from None
+    return recover(store, namespace, aside)
+
+
+def recover(store: Store, namespace: Namespace, aside: Path) -> dict[str, int]:
+    """Copy what is intact in ``aside`` (the namespace's old directory) into the namespace, keep
+    its ``cache.db`` in ``quarantine/`` and remove the rest.
+
+    Inline rows (JSON entries) are copied row by row, skipping rows on broken pages; the blob
+    namespace is rebuilt from its value files, each re-hashed and stored under its digest, so every
+    intact CUBIN survives even when its row was lost. Entries are added, never replaced (a newer
+    one written since stays), and ``aside`` is removed last, so running this again after an
+    interruption finishes the job. Anything but a directory at ``aside`` (a file where the
+    namespace's directory was) is kept in ``quarantine/`` as it is.
+    """
+    quarantine = store.path / QUARANTINE_DIR
+    quarantine.mkdir(exist_ok=True)
+    name = namespace.directory.name
+    if not stat.S_ISDIR(os.lstat(aside).st_mode):
+        os.replace(aside, quarantine / f"{name}.{time.time_ns()}.not-a-directory")
+        namespace.ensure_index()
+        return {"kept": 0, "lost_rows": 0}
+    blobs = namespace is store.namespaces.blobs
+    old = Namespace(aside, readonly=False, inline=not blobs)
+    rows = old.readable_rows()
+    old.close()
     kept = lost = 0
-    if namespace is store.namespaces.blobs:
-        for path in sorted(aside.glob("??/??/*.val")):
-            data = path.read_bytes()
-            kept += namespace.add(digest_of(data), data)
+    if blobs:
+        for path in _value_files(aside):
+            data = _read_value_file(path)
+            if data:  # an empty file is no CUBIN
+                namespace.add(digest_of(data), data)
+                kept += 1
         lost = max(len(rows) - kept, 0)
     else:
         for key, raw, tag, mode, _filename, value in rows:
             if raw == 1 and type(key) is str and mode == MODE_RAW and type(value) is str:
-                namespace.set(key, value, tag=tag)
+                namespace.add(key, value, tag=tag)
                 kept += 1
             else:  # a pickled key or value, or a value file: never valid in an inline namespace
                 lost += 1
-    quarantine = store.path / QUARANTINE_DIR
-    quarantine.mkdir(exist_ok=True)
-    if (aside / DBNAME).exists():
-        shutil.move(str(aside / DBNAME), quarantine / f"{directory.name}.{time.time_ns()}.{DBNAME}")
-    shutil.rmtree(aside, ignore_errors=True)
+    namespace.ensure_index()
+    if os.path.lexists(aside / DBNAME):
+        os.replace(aside / DBNAME, quarantine / f"{name}.{time.time_ns()}.{DBNAME}")
+    try:
+        shutil.rmtree(aside)
+    except OSError as exc:
+        raise CacheError(f"recovered {kept} entries of {aside}, but cannot remove it ({exc.strerror}): "
+                         "delete it by hand") from None
     return {"kept": kept, "lost_rows": lost}
+
+
+def _value_files(directory: Path) -> list[Path]:
+    """The ``ab/cd/*.val`` files below ``directory``, through real directories only (a link
+    named ``ab`` may lead anywhere)."""
+    def subdirs(parent: Path) -> list[Path]:
+        with os.scandir(parent) as entries:
+            return [Path(e.path) for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+
+    try:
+        return sorted(Path(f.path) for first in subdirs(directory) for second in subdirs(first)
+                      for f in os.scandir(second) if f.name.endswith(".val"))
+    except PermissionError as exc:
+        raise PermissionDeniedError(denied(Path(exc.filename or directory))) from None
+
+
+def _read_value_file(path: Path) -> bytes | None:
+    """A value file's bytes, or None when it is no candidate CUBIN: not a regular file (a link,
+    a FIFO, a device is never opened, let alone followed) or larger than any blob may be."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except PermissionError:
+        raise PermissionDeniedError(denied(path)) from None
+    except OSError:  # ELOOP: a symlink; gone since the listing
+        return None
+    with os.fdopen(fd, "rb") as stream:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BLOB_SIZE:
+            return None
+        data = stream.read(MAX_BLOB_SIZE + 1)
+    return data if len(data) <= MAX_BLOB_SIZE else None
+
+
+def _kind_of(namespace: Namespace, info: RowInfo) -> str | None:
+    """What a row's value file is ("regular file", "directory", ...; None: no file, or gone)."""
+    if info.filename is None:
+        return None
+    path = namespace.directory / info.filename
+    try:
+        return file_kind(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        raise PermissionDeniedError(denied(path)) from None
 
 
 def _check_readable(directory: Path) -> None:
     """Raise PermissionDeniedError unless every directory below ``directory`` can be listed and
-    every file in it opened: a rebuild moves the old directory aside and removes what is left."""
-    def denied(exc: OSError) -> None:
-        raise PermissionDeniedError(f"{exc.filename}: {PERMISSION_HINT}") from None
+    every regular file in it opened: a rebuild moves the old directory aside and removes what is
+    left. Only regular files are opened, never through a link (a FIFO would block)."""
+    def refuse(exc: OSError) -> None:
+        if isinstance(exc, PermissionError):  # else nothing to list (no directory there): nothing to lose
+            raise PermissionDeniedError(denied(Path(exc.filename or directory))) from None
 
-    for root, _, files in os.walk(directory, onerror=denied):
+    for root, _, files in os.walk(directory, onerror=refuse):
         for name in files:
+            path = os.path.join(root, name)
             try:
-                with open(os.path.join(root, name), "rb"):
-                    pass
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    os.close(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+            except FileNotFoundError:
+                continue
             except PermissionError as exc:
-                denied(exc)
+                refuse(exc)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -159,8 +160,10 @@ class Namespace:
                 self._connections.remove((pid, con))
             con.close()
             self._local.con = None
-        if not self._db.exists():
+        if not os.path.lexists(self._db):
             return None
+        if not stat.S_ISREG(os.lstat(self._db).st_mode):  # a link (to /dev/zero, elsewhere), a FIFO: never opened
+            raise DamagedCacheError(f"{self._db} is not a regular file")
         try:
             con = sqlite3.connect(
                 f"{self._db.as_uri()}?{mode}", uri=True, timeout=READ_TIMEOUT_S, isolation_level=None,
@@ -200,22 +203,57 @@ class Namespace:
                 with open(path, "rb"):
                     pass
             except PermissionError:
-                raise PermissionDeniedError(f"{path}: {PERMISSION_HINT}") from None
+                raise PermissionDeniedError(denied(path)) from None
             except OSError:
                 continue
 
     def quick_check(self) -> str | None:
-        """What SQLite's ``PRAGMA quick_check`` finds wrong with the index (None: nothing).
+        """What is wrong with the index (None: nothing): `layout_problem`, else what SQLite's
+        ``PRAGMA quick_check`` finds.
 
         quick_check walks every page but skips the slow index-vs-table cross-check, so it costs
         about one read of the database file (the value files are not read).
         """
+        problem = self.layout_problem()
+        if problem is not None:
+            return problem
         try:
             rows = self._query("PRAGMA quick_check")
         except DamagedCacheError as exc:
             return str(exc)
         found = [str(row[0]) for row in rows if row and row[0] != "ok"]
         return "; ".join(found[:3]) + (f" (+{len(found) - 3} more)" if len(found) > 3 else "") if found else None
+
+    def layout_problem(self) -> str | None:
+        """What is wrong with the namespace's files before SQLite is asked (None: nothing): a
+        directory left by an interrupted rebuild, the namespace's path not a directory, or its
+        index missing from a directory that holds files (a lost ``cache.db`` reads as an empty
+        namespace, and a repair would then drop every entry that needs it). No index in an
+        empty or absent directory is a namespace never written."""
+        if left := self.asides():
+            return f"an interrupted repair left {left[0]}"
+        try:
+            mode = os.lstat(self.directory).st_mode
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(mode):
+            return f"{self.directory} is not a directory"
+        if os.path.lexists(self._db):
+            return None
+        try:
+            with os.scandir(self.directory) as found:
+                holds_files = any(found)
+        except PermissionError:
+            raise PermissionDeniedError(denied(self.directory)) from None
+        return f"{self._db} is missing but {self.directory} holds files" if holds_files else None
+
+    def asides(self) -> list[Path]:
+        """What an interrupted index rebuild left beside the namespace (`aside_path`)."""
+        return sorted(self.directory.parent.glob(f".{self.directory.name}.damaged.*"))
+
+    def aside_path(self) -> Path:
+        """Where a rebuild moves the damaged namespace before copying what is intact back."""
+        return self.directory.with_name(f".{self.directory.name}.damaged.{time.time_ns()}")
 
     def readable_rows(self) -> list[tuple]:
         """Every row that can still be read from a damaged index, one rowid at a time:
@@ -231,10 +269,6 @@ class Namespace:
             except DamagedCacheError:
                 continue
         return found
-
-    def value_files(self) -> list[Path]:
-        """Every value file in the directory, referenced or not."""
-        return sorted(self.directory.glob("??/??/*.val"))
 
     def close(self) -> None:
         """Release connections opened by this process; the namespace reopens them on next use."""
@@ -278,11 +312,15 @@ class Namespace:
         A file that exists but cannot be read is an error, never "absent": callers that remove
         what is absent must not remove it."""
         try:
+            if filename is not None:  # never follow a link or open a FIFO or device: it may block or leak
+                kind = file_kind(os.lstat(self.directory / filename).st_mode)
+                if kind != "regular file":
+                    raise DamagedCacheError(f"{self.directory / filename} is a {kind}, not a regular file")
             return self._disk.fetch(mode, filename, value, False)
         except FileNotFoundError:
             return None
         except PermissionError as exc:
-            raise PermissionDeniedError(f"{exc.filename}: {PERMISSION_HINT}") from None
+            raise PermissionDeniedError(denied(Path(exc.filename or self.directory))) from None
         except OSError as exc:
             raise DamagedCacheError(f"cannot read {exc.filename or filename}: {exc.strerror or exc}") from None
 
@@ -320,6 +358,9 @@ class Namespace:
         They are what a writer killed between writing a value file and committing its row leaves;
         the age limit spares files whose writer is about to commit.
         """
+        if (problem := self.layout_problem()) is not None:  # a lost index refers to no file: all would look stray
+            raise DamagedCacheError(f"cannot tell stray files in {self.directory} from entries: {problem}; "
+                                    f"run `ctbuild cache verify --repair --cache {self.directory.parent}`")
         referenced = {row.filename for row in self.rows() if row.filename}
         stray = []
         for path in self.directory.glob("??/??/*.val"):
@@ -337,10 +378,16 @@ class Namespace:
         with self._writing():
             self._cache().set(key, value, tag=tag, retry=True)
 
-    def add(self, key: str, value: bytes | str) -> bool:
+    def add(self, key: str, value: bytes | str, *, tag: str | None = None) -> bool:
         """Insert unless present (atomic across processes); never replaces, so readers never race a replacement."""
         with self._writing():
-            return self._cache().add(key, value, retry=True)
+            return self._cache().add(key, value, tag=tag, retry=True)
+
+    def ensure_index(self) -> None:
+        """Create the (empty) index where there is none: a rebuilt namespace has one even when
+        nothing was recoverable."""
+        with self._writing():
+            self._cache()
 
     def add_stream(self, key: str, stream: ByteStream) -> bool:
         """Like :meth:`add` for a value read from ``stream`` in chunks (never whole in memory)."""
@@ -413,3 +460,22 @@ class Namespace:
             path.unlink()
         except FileNotFoundError:
             pass
+
+
+def file_kind(mode: int) -> str:
+    """What an ``lstat`` mode is, in words ("regular file", "directory", "symlink", ...)."""
+    kinds = ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink"),
+             (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"))
+    return next((name for test, name in kinds if test(mode)), "device")
+
+
+def denied(path: Path) -> str:
+    """A permission problem in words: the path this user may not read, and the fix. The path
+    named is the outermost one blocking it (a directory at mode 000 blocks every file below)."""
+    blocker = path
+    for parent in reversed(path.parents):
+        if parent.exists() and not os.access(parent, os.R_OK | os.X_OK):
+            blocker = parent
+            break
+    return (f"{blocker}: {PERMISSION_HINT} (not damage: `chown -R` it to the user running ctbuild, "
+            f"or `chmod -R u+rwX {blocker}`)")

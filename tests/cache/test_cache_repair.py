@@ -146,3 +146,17 @@ def test_a_corrupt_blob_is_moved_into_quarantine_not_deleted(tmp_path, capsys):
     with Store(cache) as store:
         assert store.get_compile("k1") is None and store.get_compile("k0") is not None
         assert store.verify()["ok"]
+
+
+def test_an_unreadable_blob_directory_is_named_as_a_permission_problem(shared_dir):
+    cache = build(shared_dir / "cache")
+    if os.getuid() == 0:
+        for path in [cache, *cache.rglob("*")]:
+            os.chown(path, NOBODY, NOBODY)
+    blocked = next((cache / "blobs").glob("??"))
+    os.chmod(blocked, 0)  # every CUBIN below it: the directory is named, with the fix
+    code, text = as_unprivileged(shared_dir / "out.txt", "verify", "--repair", "--cache", str(cache))
+    os.chmod(blocked, 0o700)
+    assert code == 1 and f"{blocked}: {HINT}" in text and f"chmod -R u+rwX {blocked}" in text, text
+    assert "a permission problem, not damage" in text and "repaired 0" in text
+    assert "re-run precompile" not in text and "removes them" not in text
