@@ -1,20 +1,8 @@
-"""Bundles: a cache's entries and blobs in one tar file, to ship a cache between machines or into an image.
-
-Format (version 1): a tar (``.tar``, or compressed by suffix: ``.tar.gz``/``.tgz``, ``.tar.xz``) of
-regular files only, members in this order::
-
-    manifest.json      {"format": "ctbuild-cache-bundle", "version": 1, "archs": [...] | null, "counts": {...}}
-    toolchains.json    {fingerprint: profile}
-    compile.json       {compile key: entry}       (entries exactly as stored, incl. digest/symbol/created)
-    tuning.json        {tuning key: record}
-    blobs/<digest>     raw CUBIN bytes, named by their xxh3-128 digest
-    signature.json     (signed bundles only) a signature document (:mod:`ctbuild.cache.signing`) plus
-                       "members": {name: sha256}; its subject is the SHA-256 of that member map
-
-Everything is JSON or raw bytes, so reading a bundle never unpickles or executes anything. Export
-writes a temp file beside the target and renames it, so a failed export leaves no half bundle;
-members carry fixed metadata (mtime 0, uid 0), so an uncompressed bundle of the same entries has the
-same bytes.
+"""Bundles: a cache's entries and blobs in one tar file, to ship a cache between machines or into
+an image — this module imports them; :mod:`ctbuild.cache.bundle_export` writes them,
+:mod:`ctbuild.cache.bundle_format` defines the format, :mod:`ctbuild.cache.import_undo` undoes a
+failed import. The names other modules use (`export_bundle`, `import_bundle`, `read_key`, the
+format's constants) are all importable from here.
 
 What an import guarantees. Import checks the *whole* bundle first — member paths and types, the
 manifest version, JSON shapes, every blob's digest, that every blob is referenced by an entry,
@@ -42,144 +30,45 @@ an older signed release. Bundles and OCI images share one verification path (:fu
 from __future__ import annotations
 
 import hashlib
-import io
 import lzma
 import os
-import re
-import signal
 import tarfile
-import threading
 import zlib
-from contextlib import ExitStack, contextmanager
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO, TYPE_CHECKING, Any, Iterator
 
+from .bundle_export import export_bundle
+from .bundle_format import (
+    BLOB_MEMBER,
+    CHUNK,
+    DOCUMENTS,
+    FORMAT,
+    MANIFEST,
+    SIGNATURE,
+    VERSION,
+    members_subject,
+)
 from .bundle_limits import DiskBudget, ImportLimits, JsonBudget, check_members
 from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, fields_problem
 from .errors import CacheError
+from .import_undo import ImportUndo
 from .jsontext import dumps
 from .namespace import HashingReader
-from .signing import Key, load_key, sign, subject_of, verify
-from .user_files import replacing
+from .signing import Key, load_key, verify
 
 if TYPE_CHECKING:
     from .namespace import ByteStream, Namespace
     from .store import Store
 
-FORMAT = "ctbuild-cache-bundle"
-VERSION = 1
-MANIFEST = "manifest.json"
-SIGNATURE = "signature.json"
-DOCUMENTS = ("toolchains.json", "compile.json", "tuning.json")
-BLOB_MEMBER = re.compile(r"blobs/([0-9a-f]{32})")
-COMPRESSION = {".gz": "gz", ".tgz": "gz", ".xz": "xz"}
+__all__ = ["BLOB_MEMBER", "CHUNK", "DEFAULT_LIMITS", "DOCUMENTS", "MANIFEST", "SIGNATURE", "VERSION",
+           "ImportLimits", "export_bundle", "import_bundle", "read_key"]
+
 DEFAULT_LIMITS = ImportLimits()
-CHUNK = 1 << 20
 
 
 def read_key(path: str | os.PathLike) -> Key:
     """A signing or verifying key: an Ed25519 PEM key, or an HMAC secret of at least 32 bytes."""
     return load_key(path)
-
-
-def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None,
-                  sign_key: Key | None = None, sequence: int | None = None,
-                  expires: float | None = None) -> dict[str, Any]:
-    """Write the store's entries (compile entries and tuning records of ``archs`` only, if given; all
-    toolchain profiles) and the blobs they need, signed with ``sign_key`` if given (``sequence`` and
-    ``expires`` go into the signed statement). Entries whose
-    blob is missing or corrupt, and tuning records whose winner is not exported, are left out and
-    listed under ``skipped``; stored values that could not be read or are malformed are left out
-    and counted under ``unreadable``. A damaged index is refused (CacheError, nothing written):
-    what it still lists is an arbitrary part of the cache."""
-    if damaged := store.integrity():
-        name, detail = next(iter(damaged.items()))
-        raise CacheError(f"cannot export: the {name} index is damaged ({detail.splitlines()[-1]}); nothing was "
-                         f"written; repair it first: {store.repair_hint()}")
-    unread_before = _unread(store)
-    wanted = None if archs is None else set(archs)
-    compile_entries, skipped = _exported_compile_entries(store, wanted)
-    tuning, skipped_tuning = _exported_tuning_records(store, wanted, compile_entries)
-    skipped += skipped_tuning
-    toolchains = store.toolchains()
-    unreadable = _unread(store) - unread_before
-    documents = {"toolchains.json": toolchains, "compile.json": compile_entries, "tuning.json": tuning}
-    digests = sorted({entry["digest"] for entry in compile_entries.values()})
-    counts = {"compile_entries": len(compile_entries), "tuning_records": len(tuning),
-              "toolchains": len(documents["toolchains.json"]), "blobs": len(digests)}
-    manifest = {"format": FORMAT, "version": VERSION, "archs": None if wanted is None else sorted(wanted),
-                "counts": counts}
-
-    total = 0
-    hashes: dict[str, str] = {}
-
-    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-        hashes[name] = hashlib.sha256(data).hexdigest()
-        _add(tar, name, data)
-
-    with _output(file) as (out, compression):
-        # typeshed types ``mode`` as a literal; this one is "w:" plus a suffix from COMPRESSION.
-        with tarfile.open(fileobj=out, mode=f"w:{compression}",  # type: ignore[call-overload]
-                          format=tarfile.PAX_FORMAT) as tar:
-            add(tar, MANIFEST, dumps(manifest, what="manifest").encode())
-            for name in DOCUMENTS:
-                add(tar, name, dumps(documents[name], what=name).encode())
-            for digest in digests:
-                data = store.get_blob(digest)
-                if data is None:
-                    raise CacheError(f"blob {digest} vanished or went bad during export; "
-                                     "run `ctbuild cache verify` and retry")
-                add(tar, f"blobs/{digest}", data)
-                total += len(data)
-            if sign_key is not None:
-                signature = {**sign(_members_subject(hashes), sign_key, sequence=sequence, expires=expires),
-                             "members": hashes}
-                _add(tar, SIGNATURE, dumps(signature, what="signature").encode())
-    return {**counts, "bytes": total, "archs": manifest["archs"], "skipped": skipped, "unreadable": unreadable,
-            "signed": sign_key is not None}
-
-
-def _unread(store: Store) -> int:
-    """How many stored values this store has failed to read or refused so far."""
-    counts = store.stats()
-    return counts["read_errors"] + counts["refused_values"]
-
-
-def _exported_compile_entries(store: Store, wanted: set[str] | None
-                              ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The compile entries of the ``wanted`` archs (all: None) whose blob is there and intact,
-    each blob read once, and the keys of those left out: an import would refuse them."""
-    compile_entries: dict[str, dict[str, Any]] = {}
-    blob_ok: dict[str, bool] = {}
-    skipped = []
-    for key, entry in store.compile_entries():
-        if wanted is not None and entry.get("arch") not in wanted:
-            continue
-        digest = entry["digest"]
-        if digest not in blob_ok:
-            blob_ok[digest] = store.get_blob(digest) is not None
-        if blob_ok[digest]:
-            compile_entries[key] = entry
-        else:
-            skipped.append(key)
-    return compile_entries, skipped
-
-
-def _exported_tuning_records(store: Store, wanted: set[str] | None,
-                             compile_entries: dict[str, dict[str, Any]]
-                             ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The tuning records of the ``wanted`` archs (all: None) whose winner is exported, and the
-    keys of those left out."""
-    tuning = {}
-    skipped = []
-    for key, record in store.tuning_records():
-        if wanted is not None and record["arch"] not in wanted:
-            continue
-        if record["compile_key"] in compile_entries:
-            tuning[key] = record
-        else:  # its winner is not exported: an import would refuse the record
-            skipped.append(key)
-    return tuning, skipped
 
 
 def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_key: Key | None = None,
@@ -190,7 +79,7 @@ def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_
     with _input(file) as stream:
         checked = _validate(store, stream, require_key=require_key, limits=limits, min_sequence=min_sequence)
         stream.seek(0)
-        undo = _Undo(store, limits.json_size)
+        undo = ImportUndo(store, limits.json_size)
         try:
             with _open_tar(stream) as tar:
                 for member in _members(tar):
@@ -208,11 +97,7 @@ def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_
                     else:
                         unchanged += 1
         except BaseException as exc:
-            failed = undo.run()
-            state = ("the cache was restored to what it held before (replaced entries put back, added ones "
-                     "removed); nothing was imported" if not failed else
-                     f"{failed} of its changes could not be undone ({undo.first_error}): run "
-                     f"`ctbuild cache verify --cache {store.path}` and re-import")
+            state = undo.outcome()
             if isinstance(exc, KeyboardInterrupt):
                 raise CacheError(f"import interrupted; {state}") from None
             if isinstance(exc, OSError):
@@ -228,7 +113,7 @@ def import_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, require_
 
 
 def _store_blob(store: Store, tar: tarfile.TarFile, member: tarfile.TarInfo, digest: str, checked: _Checked,
-                undo: _Undo) -> None:
+                undo: ImportUndo) -> None:
     """Store one blob member, hashed on the way when the bundle is signed."""
     extracted: ByteStream = _extract(tar, member)
     if checked.sha256.get(member.name) is not None:
@@ -242,72 +127,7 @@ def _store_blob(store: Store, tar: tarfile.TarFile, member: tarfile.TarInfo, dig
         raise CacheError(f"{member.name} changed while being imported; re-run the import")
 
 
-class _Undo:
-    """What a failed or interrupted import must undo: the blobs it added and, per entry it
-    wrote, the value it replaced (None: added). Previous values are kept in memory, bounded
-    (``budget`` bytes, the import's JSON size limit): an import that would replace more refuses
-    to go on, and is undone like any failure."""
-
-    def __init__(self, store: Store, budget: int) -> None:
-        self.store = store
-        self.budget = budget
-        self.blobs: list[str] = []
-        self.entries: list[tuple[Namespace, str, tuple[str, str | None] | None]] = []
-        self.first_error = ""
-
-    def note(self, namespace: Namespace, key: str, previous: tuple[str, str | None] | None) -> None:
-        """Remember ``key``'s value (text, tag) before it is written; noted before the write, so
-        an interruption mid-write is undone too."""
-        if previous is not None:
-            self.budget -= len(previous[0])
-            if self.budget < 0:
-                raise CacheError("the bundle replaces more existing entries than an import keeps for undoing "
-                                 "(--max-json-size)")
-        self.entries.append((namespace, key, previous))
-
-    def run(self) -> int:
-        """Put back every replaced entry, remove every added entry and blob; how many could not
-        be. Ctrl-C is held off meanwhile: a half-undone import would lose the entries it replaced."""
-        failed = 0
-        with _signals_held():
-            for namespace, key, previous in reversed(self.entries):
-                try:
-                    if previous is None:
-                        namespace.delete(key)
-                    else:
-                        namespace.set(key, previous[0], tag=previous[1])
-                except (CacheError, OSError) as exc:
-                    failed += self._failed(exc)
-            for digest in self.blobs:
-                try:
-                    self.store.delete_blob(digest)
-                except (CacheError, OSError) as exc:
-                    failed += self._failed(exc)
-        return failed
-
-    def _failed(self, exc: Exception) -> int:
-        self.first_error = self.first_error or str(exc)
-        return 1
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Run the block with SIGINT and SIGTERM blocked (main thread only). One arriving meanwhile
-    is dropped: the block is an import's undo, which ends in the import's error anyway."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        while signal.sigtimedwait(held, 0) is not None:
-            pass
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def _merge(store: Store, namespace: Namespace, key: str, entry: dict[str, Any], undo: _Undo, *,
+def _merge(store: Store, namespace: Namespace, key: str, entry: dict[str, Any], undo: ImportUndo, *,
            tag: str | None) -> bool:
     """Write ``entry`` unless the same is stored; True if written."""
     text = dumps(entry, what=key)
@@ -413,16 +233,11 @@ def _check_signature(signature: dict[str, Any] | None, hashes: dict[str, str], k
     members = signature.get("members")
     if not isinstance(members, dict) or not all(isinstance(v, str) for v in members.values()):
         raise CacheError(f"bundle {SIGNATURE} is malformed; nothing was imported")
-    verify(signature, _members_subject(members), key, what="bundle", min_sequence=min_sequence)
+    verify(signature, members_subject(members), key, what="bundle", min_sequence=min_sequence)
     if members != hashes:
         changed = sorted(set(members) ^ set(hashes) | {n for n in members if n in hashes and members[n] != hashes[n]})
         raise CacheError(f"bundle members {changed[:3]} differ from what was signed: the bundle was tampered with; "
                          "nothing was imported")
-
-
-def _members_subject(hashes: dict[str, str]) -> str:
-    """What a bundle's signature vouches for: the canonical {member name: SHA-256} map's digest."""
-    return subject_of(dumps(hashes, what="signature").encode())
 
 
 def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[str, str]:
@@ -498,12 +313,6 @@ def _as_document(name: str, value: Any) -> dict[str, dict[str, Any]]:
     return document
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o644, 0
-    tar.addfile(info, io.BytesIO(data))
-
-
 def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     """The members in order, without TarFile keeping every header it read (a bundle of a
     million members would keep them all)."""
@@ -540,19 +349,3 @@ def _input(file: str | os.PathLike | IO[bytes]) -> Iterator[IO[bytes]]:
         if not file.seekable():
             raise CacheError("import needs a seekable bundle file (it is read twice: check, then store)")
         yield file
-
-
-@contextmanager
-def _output(file: str | os.PathLike | IO[bytes]) -> Iterator[tuple[IO[bytes], str]]:
-    """Yield (stream, tar compression). A path is written whole or not at all, and only as a
-    regular file (`ctbuild.cache.user_files`: a link is followed, a device or FIFO refused)."""
-    if not isinstance(file, (str, os.PathLike)):
-        yield file, ""
-        return
-    target = Path(file)
-    with ExitStack() as stack:
-        try:
-            stream = stack.enter_context(replacing(target))
-        except OSError as exc:  # errors of the export itself are not "cannot write"
-            raise CacheError(f"cannot write bundle {target}: {exc.strerror}") from None
-        yield stream, COMPRESSION.get(target.suffix, "")
