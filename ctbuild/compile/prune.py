@@ -17,6 +17,9 @@ from typing import Any
 
 from ..records import CompileMeta, RecordFormatError, TuningRecord
 
+#: The latest ``created`` taken as a time (9999-12-31T23:59:59Z): later is no time a clock gave.
+LATEST = 253402300799.0
+
 
 @dataclass
 class Version:
@@ -70,8 +73,18 @@ def _versions(planned: Mapping[str, str], compiles: Iterable[tuple[str, dict[str
                 continue
             v = found.setdefault((rec.kernel, rec.kernel_fp), Version(rec.kernel, rec.kernel_fp))
             (v.compile_keys if kind == "compile" else v.tuning_keys).append(key)
-            v.newest = max(v.newest, rec.created or 0.0)
+            v.newest = max(v.newest, _written_at(rec.created))
     return found
+
+
+def _written_at(created: Any) -> float:
+    """When an entry was written, as its stored ``created`` says; 0.0 (unknown, as for an entry
+    that records none) unless that is a plausible time. A shared cache may hold anything there
+    (another writer, a hand-made bundle): a string, a list, ``Infinity`` or a year past 9999
+    must neither stop a prune nor rank as the newest version."""
+    if isinstance(created, bool) or not isinstance(created, (int, float)):
+        return 0.0
+    return float(created) if 0.0 <= created <= LATEST else 0.0
 
 
 def plan_prune(planned: Mapping[str, str], compiles: Iterable[tuple[str, dict[str, Any]]],
