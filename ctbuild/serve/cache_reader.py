@@ -1,5 +1,5 @@
 """The serving read path of a cache directory: its SQLite indexes and blob files read directly,
-read-only, without importing diskcache or the ``cache`` package.
+read-only, without importing diskcache or the store (``ctbuild.cache.user_files`` only).
 
 Importing ``cache`` (diskcache, its bundle, integrity and eviction modules) was most of a first
 call's time. Serving reads four kinds of entries by key and never needs those modules: this
@@ -11,6 +11,12 @@ re-hashed (xxh3-128) against its digest before it is served; a mismatch is a mis
 writer does -- a JIT write-back, moving a corrupt blob to ``quarantine/`` -- goes to a
 `ctbuild.cache.Store`, opened on first need. A directory this reader cannot take (no layout marker yet,
 another layout) is opened as a `ctbuild.cache.Store`, which creates, stamps or refuses it.
+
+Whatever is in the directory, a lookup returns or misses, never hangs or raises: an index or
+value file that is not a regular file (a FIFO would block the call for ever), a value file of
+another size than its row records (read whole, ``truncate -s 1G`` would take a GB) and a
+file or directory this user may not read are misses, each logged once (the last as the
+permission problem it is, with its owner and what to do: never as damage).
 
 The layout constants below mirror ``cache/layout.py`` and ``cache/entries.py`` (a test checks
 they agree): the ``cache`` package stays independent of ctbuild.
@@ -28,6 +34,14 @@ from typing import Any
 
 import xxhash
 
+from ctbuild.cache.user_files import (
+    FileTooLargeError,
+    NotAFileError,
+    permission_problem,
+    read_regular,
+    refuse_odd,
+)
+
 from .kernel_store import KernelStore
 
 log = logging.getLogger("ctbuild.runtime")
@@ -39,6 +53,9 @@ SAFE_MODES = (1, 2, 3)  # diskcache's raw, binary, text; 4 is a pickle
 COMPILE_REQUIRED = ("digest", "symbol")
 TUNING_REQUIRED = ("kernel", "arch", "compile_key")
 READ_TIMEOUT_S = 5.0
+MAX_LAYOUT_BYTES = 4096
+#: The columns a row's value is read from (`CacheReader._value`).
+STORED = "mode, filename, value, size"
 
 
 class ServedCubin:
@@ -74,14 +91,18 @@ class CacheReader:
         """A reader of the cache at ``path``, or None where `ctbuild.cache.Store` must open it (no
         marker yet, an unreadable one or another layout: the store says what to do)."""
         try:
-            found = json.loads((path / LAYOUT_FILE).read_text())
-        except (OSError, ValueError):
+            found = json.loads(read_regular(path / LAYOUT_FILE, limit=MAX_LAYOUT_BYTES,
+                                            what="a layout marker"))
+        except (OSError, ValueError, NotAFileError, FileTooLargeError):
             return None
         if found != LAYOUT:
             return None
-        writable = all(os.access(p, os.W_OK) or not p.exists()
-                       for p in (path, *(path / ns for ns in ("blobs", "compile", "tuning")),
-                                 *(path / ns / DBNAME for ns in ("blobs", "compile", "tuning"))))
+        try:
+            writable = all(os.access(p, os.W_OK) or not _exists(p) for p in (
+                path, *(path / ns for ns in ("blobs", "compile", "tuning")),
+                *(path / ns / DBNAME for ns in ("blobs", "compile", "tuning"))))
+        except PermissionError:  # a namespace it may not look into: read what it can
+            writable = False
         return cls(path, writable)
 
     @property
@@ -99,9 +120,9 @@ class CacheReader:
     # -- what serving reads ----------------------------------------------------------------
     def toolchains(self) -> dict[str, dict[str, Any]]:
         out = {}
-        for key, mode, filename, value in self._rows("toolchains", "SELECT key, mode, filename, "
-                                                     "value FROM Cache WHERE raw = 1", ()):
-            entry = self._entry("toolchains", key, mode, filename, value, ())
+        for key, *stored in self._rows("toolchains", f"SELECT key, {STORED} FROM Cache "
+                                       "WHERE raw = 1", ()):
+            entry = self._entry("toolchains", key, stored, ())
             if entry is not None:
                 out[key] = entry
         return out
@@ -113,9 +134,9 @@ class CacheReader:
     def tuning_records(self) -> list[tuple[str, dict[str, Any]]]:
         """Every readable tuning record (what `preload` chooses from)."""
         out = []
-        for key, mode, filename, value in self._rows("tuning", "SELECT key, mode, filename, "
-                                                     "value FROM Cache WHERE raw = 1", ()):
-            entry = self._entry("tuning", key, mode, filename, value, TUNING_REQUIRED)
+        for key, *stored in self._rows("tuning", f"SELECT key, {STORED} FROM Cache "
+                                       "WHERE raw = 1", ()):
+            entry = self._entry("tuning", key, stored, TUNING_REQUIRED)
             if entry is not None:
                 out.append((key, entry))
         return out
@@ -156,17 +177,13 @@ class CacheReader:
 
     # -- internals ---------------------------------------------------------------------------
     def _get(self, ns: str, key: str, required: tuple[str, ...]) -> dict[str, Any] | None:
-        rows = self._rows(ns, "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1",
-                          (key,))
-        if not rows:
-            return None
-        mode, filename, value = rows[0]
-        return self._entry(ns, key, mode, filename, value, required)
+        rows = self._rows(ns, f"SELECT {STORED} FROM Cache WHERE key = ? AND raw = 1", (key,))
+        return self._entry(ns, key, rows[0], required) if rows else None
 
-    def _entry(self, ns: str, key: str, mode: Any, filename: Any, value: Any,
-               required: tuple[str, ...]) -> dict[str, Any] | None:
+    def _entry(self, ns: str, key: str, stored: Any, required: tuple[str, ...]
+               ) -> dict[str, Any] | None:
         """A stored JSON entry, checked as `ctbuild.cache.entries.entry_problem` checks it."""
-        text = self._value(ns, key, mode, filename, value)
+        text = self._value(ns, key, *stored)
         if text is None:
             return None
         entry, problem = _json_object(text)
@@ -182,19 +199,37 @@ class CacheReader:
             return None
         return entry
 
-    def _value(self, ns: str, key: str, mode: Any, filename: Any, value: Any
+    def _value(self, ns: str, key: str, mode: Any, filename: Any, value: Any, size: Any
                ) -> bytes | str | None:
+        """A row's value (the `STORED` columns); a value file is read only when it is a regular
+        file of the size the row records (the writer records it), else the lookup misses."""
         if mode not in SAFE_MODES:
             self._report((ns, key), "refusing %s entry %r: stored in diskcache mode %s (pickle "
                          "or unknown; treated as a miss)", ns, key, mode)
             return None
         if mode == 1:
             return bytes(value) if isinstance(value, memoryview) else value
+        path = self._path / ns / str(filename)
         try:
-            data = (self._path / ns / str(filename)).read_bytes()
-        except OSError:
+            data = read_regular(path, limit=size if isinstance(size, int) else 0,
+                                what=f"the value of {ns} entry {key} (its recorded size)")
+        except FileNotFoundError:
             return None  # removed (gc, quarantine) after the row was read
-        return data.decode("utf-8") if mode == 3 else data
+        except PermissionError:
+            self._denied(path)
+            return None
+        except (NotAFileError, FileTooLargeError) as exc:
+            self._report((ns, key), "%s: not the file the cache wrote; treated as a miss "
+                         "(`ctbuild cache verify` lists it)", exc)
+            return None
+        except OSError as exc:
+            self._damaged(f"cannot read {path}: {exc.strerror or exc}")
+            return None
+        try:
+            return data.decode("utf-8") if mode == 3 else data
+        except UnicodeDecodeError:
+            self._report((ns, key), "%s is not UTF-8 text; treated as a miss", path)
+            return None
 
     def _blob(self, digest: str) -> bytes | None:
         """The blob ``digest``, re-hashed (but the one verified last, `_last_blob`); None when
@@ -204,9 +239,9 @@ class CacheReader:
         last = self._last_blob
         if last is not None and last[0] == digest:
             return last[1]
-        rows = self._rows("blobs", "SELECT mode, filename, value FROM Cache WHERE key = ? AND "
-                          "raw = 1", (digest,))
-        data = self._value("blobs", digest, *rows[0][:3]) if rows else None
+        rows = self._rows("blobs", f"SELECT {STORED} FROM Cache WHERE key = ? AND raw = 1",
+                          (digest,))
+        data = self._value("blobs", digest, *rows[0]) if rows else None
         if not isinstance(data, bytes):
             return None
         if xxhash.xxh3_128_hexdigest(data) != digest:
@@ -229,31 +264,45 @@ class CacheReader:
 
     def _rows(self, ns: str, sql: str, params: tuple) -> list[tuple]:
         """Rows of one namespace's index; a read SQLite cannot complete is a miss, and the
-        first one on a damaged index is reported (``damage``, ``on_damage``)."""
+        first one on a damaged index is reported (``damage``, ``on_damage``); an index this user
+        may not read is a miss reported as the permission problem it is."""
         try:
             con = self._connection(ns)
             if con is None:
                 return []
             with self._lock:
                 return con.execute(sql, params).fetchall()
+        except PermissionError as exc:  # a namespace directory this user may not search
+            self._denied(Path(exc.filename or self._path / ns))
+        except NotAFileError as exc:
+            self._damaged(f"{exc} (the cache did not write it)")
         except sqlite3.Error as exc:
             if "no such table" in str(exc):
                 return []
-            self._damaged(f"cannot read {self._path / ns / DBNAME}: {exc}")
-            return []
+            denied = _unreadable(self._path / ns / DBNAME)
+            if denied is not None:
+                self._denied(denied)
+            else:
+                self._damaged(f"cannot read {self._path / ns / DBNAME}: {exc}")
+        return []
 
     def _connection(self, ns: str) -> sqlite3.Connection | None:
         """A read-only connection to one namespace's index, following writers' WAL: ``mode=ro``
         where a WAL exists or the directory is writable, else ``immutable=1`` (``mode=ro``
-        would try to create ``-shm`` files)."""
+        would try to create ``-shm`` files). Raises `NotAFileError` where an index file is not a
+        regular file (SQLite would block on a FIFO) and PermissionError where this user may not
+        look into the namespace."""
         db = self._path / ns / DBNAME
-        mode = "mode=ro" if self._writable or Path(f"{db}-wal").exists() else "immutable=1"
+        wal = Path(f"{db}-wal")
+        mode = "mode=ro" if self._writable or _exists(wal) else "immutable=1"
         with self._lock:
             found = self._cons.get(ns)
             if found is not None and (found[1] == mode or mode == "immutable=1"):
                 return found[0]
-            if not db.exists():
+            if not _exists(db):
                 return None
+            for index in (db, wal, Path(f"{db}-shm")):
+                refuse_odd(index, what="a cache index")
             con = sqlite3.connect(f"{db.as_uri()}?{mode}", uri=True, timeout=READ_TIMEOUT_S,
                                   isolation_level=None, check_same_thread=False)
             if found is not None:
@@ -269,10 +318,40 @@ class CacheReader:
             if self.on_damage is not None:
                 self.on_damage(detail)
 
+    def _denied(self, path: Path) -> None:
+        """A file or directory this user may not read: a miss, warned about once per path."""
+        if ("denied", str(path)) not in self._reported:
+            self._reported.add(("denied", str(path)))
+            log.warning("cache %s: %s; the lookups that need it are misses", self._path,
+                        permission_problem(path))
+
     def _report(self, what: tuple[str, str], message: str, *args: object) -> None:
         if what not in self._reported:
             self._reported.add(what)
             log.error("cache %s: " + message, self._path, *args)
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists (PermissionError where this user may not look: the caller
+    decides what that means, as ``Path.exists`` would not say)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
+
+
+def _unreadable(db: Path) -> Path | None:
+    """The first of an index's files this user may not open (SQLite says "unable to open
+    database file" for that and for damage alike); None when all open."""
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        except PermissionError:
+            return path
+        except OSError:
+            continue
+    return None
 
 
 def _json_object(text: bytes | str) -> tuple[dict[str, Any] | None, str | None]:
