@@ -12,10 +12,13 @@ from pathlib import Path
 
 from .errors import CacheError, ReadOnlyCacheError
 from .namespace import Namespace
+from .user_files import FileTooLargeError, NotAFileError, read_regular
 
 LAYOUT_FILE = "ctbuild-cache.json"
 LAYOUT = {"format": "ctbuild-cache", "version": 1}
 QUARANTINE_DIR = "quarantine"
+#: The largest layout marker read (it holds about 40 bytes).
+MAX_LAYOUT_BYTES = 4096
 log = logging.getLogger(__name__)
 
 
@@ -48,7 +51,7 @@ def check_layout(root: Path, *, readonly: bool) -> None:
     """
     marker = root / LAYOUT_FILE
     try:
-        found = json.loads(marker.read_text())
+        found = json.loads(read_regular(marker, limit=MAX_LAYOUT_BYTES, what="a layout marker"))
     except FileNotFoundError:
         if not readonly:
             fd, tmp = tempfile.mkstemp(prefix=f".{LAYOUT_FILE}.", dir=root)
@@ -56,7 +59,7 @@ def check_layout(root: Path, *, readonly: bool) -> None:
                 out.write(json.dumps(LAYOUT) + "\n")
             os.replace(tmp, marker)  # atomic: concurrent openers all write the same text
         return
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, NotAFileError, FileTooLargeError) as exc:
         raise CacheError(f"{marker} is unreadable ({exc}); is {root} a ctbuild cache?") from None
     if (not isinstance(found, dict) or found.get("format") != LAYOUT["format"]
             or found.get("version") != LAYOUT["version"]):
@@ -97,7 +100,10 @@ def resolve_readonly(path: Path, readonly: bool | None) -> bool:
     if writable:
         return False
     if readonly is False:
-        raise ReadOnlyCacheError(f"cache directory {path} {reason}, but readonly=False was asked")
+        raise ReadOnlyCacheError(
+            f"cache directory {path} {reason}, and this writes the cache: point --cache / "
+            "CTBUILD_CACHE_DIR at a writable directory (`ctbuild cache export` / `import` copy "
+            "the cache there)")
     log.warning(
         "cache directory %s %s: opened read-only (lookups work; writes raise ReadOnlyCacheError)", path, reason
     )

@@ -4,6 +4,11 @@ diskcache pickles any key or value that is not bytes/str/int/float, and unpickle
 cache shared between machines and tools, unpickling is remote code execution, so this Disk
 refuses to write anything but ``str`` keys and ``bytes``/``str`` values, and refuses to read a
 pickled key or value (whoever planted it: an older tool, plain diskcache, an attacker).
+
+A value file is read only when it is a regular file of at most `MAX_VALUE_FILE_BYTES`
+(`ctbuild.cache.user_files.read_regular`): a FIFO in a shared cache would block every reader,
+a link to ``/dev/zero`` or a ``truncate -s 1G`` blob would be read whole into memory. Such a
+file is a `DamagedCacheError` naming it: the lookup is a miss and ``verify`` lists it.
 """
 
 import contextlib
@@ -14,9 +19,13 @@ from typing import Any
 import diskcache
 from diskcache.core import MODE_BINARY, MODE_RAW, MODE_TEXT, UNKNOWN
 
-from .errors import UnsafeValueError
+from .errors import DamagedCacheError, UnsafeValueError
+from .user_files import FileTooLargeError, NotAFileError, read_regular
 
 SAFE_MODES = frozenset({MODE_RAW, MODE_BINARY, MODE_TEXT})
+#: The largest value file read: the default bundle member limit (``cache import
+#: --max-member-size``), far above any real CUBIN; JSON entries are inline, never files.
+MAX_VALUE_FILE_BYTES = 256 * 2**20
 
 
 class SafeDisk(diskcache.Disk):
@@ -61,4 +70,13 @@ class SafeDisk(diskcache.Disk):
     def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
         if mode not in SAFE_MODES:
             raise UnsafeValueError(f"refusing a stored value in diskcache mode {mode} (pickle or unknown)")
-        return super().fetch(mode, filename, value, False)
+        if mode == MODE_RAW:
+            return super().fetch(mode, filename, value, False)
+        path = os.path.join(self._directory, str(filename))
+        try:
+            data = read_regular(path, limit=MAX_VALUE_FILE_BYTES, what="a cache value file")
+            return data.decode() if mode == MODE_TEXT else data
+        except (NotAFileError, FileTooLargeError) as exc:
+            raise DamagedCacheError(f"{exc} (not a file the cache wrote)") from None
+        except UnicodeDecodeError:
+            raise DamagedCacheError(f"{path} is not UTF-8 text (not a file the cache wrote)") from None

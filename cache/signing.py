@@ -36,7 +36,7 @@ from typing import Any
 
 from .errors import CacheError
 from .jsontext import dumps
-from .user_files import replacing
+from .user_files import FileTooLargeError, NotAFileError, read_regular, replacing
 
 FORMAT = "ctbuild-signature"
 VERSION = 1
@@ -67,12 +67,11 @@ def load_key(path: str | os.PathLike) -> Key:
     """An Ed25519 PEM key (private or public) or an HMAC secret file of at least 32 bytes."""
     where = os.fspath(path)
     try:
-        with open(where, "rb") as f:
-            data = f.read(MAX_KEY_FILE + 1)
+        data = read_regular(where, limit=MAX_KEY_FILE, what="a key file")
     except OSError as exc:
         raise CacheError(f"cannot read key file {where}: {exc.strerror}") from None
-    if len(data) > MAX_KEY_FILE:
-        raise CacheError(f"key file {where} is larger than {MAX_KEY_FILE // 1024} KiB: not a key")
+    except (NotAFileError, FileTooLargeError) as exc:  # a FIFO would block the command for ever
+        raise CacheError(f"{exc}: give the key file's path") from None
     if data.lstrip().startswith(PEM_MARK):
         return _load_pem(data, where)
     secret = data.strip()

@@ -149,16 +149,11 @@ def _serving_problems(cache: Path, report: dict[str, Any]) -> list[str]:
 
 def _ledger(args: argparse.Namespace) -> int:
     """Print a cold-start ledger file (see `ctbuild.serve.ledger`)."""
-    import json
-
-    from ..serve.ledger import format_ledger
+    from ..serve.ledger import format_ledger, read_ledger
     try:
-        data = json.loads(Path(args.ledger).read_text())
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as exc:
-        return fail(f"cannot read the ledger {args.ledger} ({exc}); run the service once with "
-                    f"CTBUILD_LEDGER={args.ledger} to write it")
+        data = read_ledger(args.ledger)
+    except ValueError as exc:
+        return fail(str(exc))
     print_json(data) if args.json else print(format_ledger(data))
     return 0
 

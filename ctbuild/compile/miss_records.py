@@ -3,9 +3,9 @@
 
 A record file is input from elsewhere (a log volume, another team's service), so it is read as
 untrusted: under a size cap and a line-length cap (a wrong path such as ``/dev/zero`` fails at
-once instead of growing the process), and each line is checked against the miss-record schema
-before anything is built from it. A bad line is one error naming ``FILE:LINE``, what is wrong
-and what to do. One line::
+once instead of growing the process; a FIFO or device is refused before it is read), and each
+line is checked against the miss-record schema before anything is built from it. A bad line is
+one error naming ``FILE:LINE``, what is wrong and what to do. One line::
 
     {"kernel": "matmul", "arch": "sm_90",
      "workload": {"A": {"tensor": [4096, 4096], "dtype": "float16"}, ...}}
@@ -23,6 +23,7 @@ import math
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..arch import Arch
+from ..cache.user_files import FileTooLargeError, NotAFileError, open_regular
 from ..records import MissRecord, RecordFormatError
 from ..specs import DTYPE_BITS, Scalar, Tensor, Workload, dtype_name
 
@@ -75,7 +76,7 @@ def _lines(file: str) -> Iterator[tuple[int, str]]:
     """(line number, text) of each non-blank line, read under the caps."""
     total = 0
     try:
-        with open(file, "rb") as stream:
+        with open_regular(file, limit=MAX_FILE_BYTES, what="a record file") as stream:
             for n in itertools.count(1):
                 raw = stream.readline(MAX_LINE_BYTES + 1)
                 if not raw:
@@ -100,6 +101,9 @@ def _lines(file: str) -> Iterator[tuple[int, str]]:
     except OSError as exc:
         raise RecordFileError(f"--from-record {file}: cannot read: {exc.strerror or exc}; "
                               "check the path") from None
+    except (NotAFileError, FileTooLargeError) as exc:  # a FIFO would block, /dev/zero not end
+        raise RecordFileError(f"--from-record {exc}: give the path of a file CTBUILD_RECORD "
+                              "wrote") from None
 
 
 def _parse(text: str, by_name: dict[str, TunedKernel]

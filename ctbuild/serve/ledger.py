@@ -14,11 +14,12 @@ the CUBINs served, as the build recorded them -- what this start did not spend.
 ``CTBUILD_LEDGER=path.json`` writes it after the first launch or preload and again at exit,
 whole, as `ctbuild.atomic_write` writes reports (a link is followed; a device node or FIFO is
 refused with one warning and the process serves on); ``ctbuild doctor --ledger path.json``
-prints it.
+prints it (`read_ledger`: a regular file of at most `MAX_LEDGER_BYTES`).
 """
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import threading
 import time
@@ -31,6 +32,8 @@ from ..atomic_write import write_json
 LEDGER_ENV = "CTBUILD_LEDGER"
 PHASES = ("import", "cuda_context", "cache_open", "first_resolve", "cubin_load",
           "first_launch", "preload")
+#: The largest ledger file read: one is a pid, the phases and four counters (about 300 bytes).
+MAX_LEDGER_BYTES = 64 * 2**10
 
 
 class Ledger:
@@ -110,6 +113,27 @@ class Ledger:
 
 #: The process's ledger.
 LEDGER = Ledger()
+
+
+def read_ledger(path: str) -> dict[str, Any]:
+    """The ledger written to ``path``; ValueError saying what is wrong (absent, not a regular
+    file, above `MAX_LEDGER_BYTES`, not a JSON object) and what to do. (Imports the reader
+    here: a serving process, which only writes ledgers, does not load it.)"""
+    from ctbuild.cache.user_files import FileTooLargeError, NotAFileError, read_regular
+    try:
+        data = json.loads(read_regular(path, limit=MAX_LEDGER_BYTES, what="a ledger"))
+    except OSError as exc:
+        raise ValueError(f"cannot read the ledger {path} ({exc.strerror or exc}); run the "
+                         f"service once with {LEDGER_ENV}={path} to write it") from None
+    except (NotAFileError, FileTooLargeError) as exc:
+        raise ValueError(f"{exc}: give the path a service wrote with {LEDGER_ENV}") from None
+    except ValueError as exc:
+        raise ValueError(f"the ledger {path} is not JSON ({exc}); give the path a service "
+                         f"wrote with {LEDGER_ENV}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"the ledger {path} is not a JSON object; give the path a service "
+                         f"wrote with {LEDGER_ENV}")
+    return data
 
 
 def format_ledger(data: dict[str, Any]) -> str:

@@ -3,6 +3,7 @@ bounded (a file, a line), and every bad record is one error naming FILE:LINE."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import EXAMPLES
@@ -95,19 +96,22 @@ def test_each_bad_record_is_one_error_naming_file_and_line(tmp_path, kernels, te
 
 
 def test_reading_is_bounded(tmp_path, kernels):
-    with pytest.raises(RecordFileError, match=r"/dev/zero:1: line longer than 64 KiB"):
-        read_records(["/dev/zero"], kernels)
+    with pytest.raises(RecordFileError, match=r"/dev/zero is a character device, not a regular file"):
+        read_records(["/dev/zero"], kernels)  # refused before a byte is read
+    long_line = tmp_path / "long.jsonl"
+    long_line.write_text(" " * (64 * 1024 + 1))
+    with pytest.raises(RecordFileError, match=r"long.jsonl:1: line longer than 64 KiB"):
+        read_records([str(long_line)], kernels)
     big = tmp_path / "big.jsonl"
-    with open(big, "w") as out:  # blank lines (skipped) add up to more than the cap
-        for _ in range(MAX_FILE_BYTES // 60_000 + 1):
-            out.write(" " * 60_000 + "\n")
-    with pytest.raises(RecordFileError, match="larger than 16 MiB"):
+    big.touch()
+    os.truncate(big, MAX_FILE_BYTES + 1)  # sparse: refused by its size, before it is read
+    with pytest.raises(RecordFileError, match=f"{MAX_FILE_BYTES + 1} bytes, more than the {MAX_FILE_BYTES}"):
         read_records([str(big)], kernels)
     binary = tmp_path / "bin.jsonl"
     binary.write_bytes(b"\xff\xfe\n")
     with pytest.raises(RecordFileError, match=r"bin.jsonl:1: not UTF-8 text"):
         read_records([str(binary)], kernels)
-    with pytest.raises(RecordFileError, match="cannot read: Is a directory"):
+    with pytest.raises(RecordFileError, match="is a directory, not a regular file"):
         read_records([str(tmp_path)], kernels)
 
 
