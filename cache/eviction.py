@@ -3,6 +3,14 @@
 Eviction happens only when asked (``Store.gc`` / ``ctbuild cache gc``), never inside a put: a farm of
 writers filling one cache must not evict each other's fresh results mid-build.
 
+Before anything is removed, gc refuses a cache whose indexes are not whole: an orphan is a blob
+no compile entry names, so a damaged compile index (one :meth:`Store.integrity` reports) or a
+deleted one would make intact CUBINs look like orphans. A compile index that was never written
+and one that was deleted look alike on disk (namespaces are created by their first write); what
+tells them apart is the blobs: a blob is committed just before its compile entry, so blobs
+without any compile index mean the index was deleted (or every put into the cache was cut short,
+which refusing costs nothing but the reclaim).
+
 Order of work:
 1. value files no row refers to (left by writers killed mid-store) and older than the grace period;
 2. orphan blobs — no compile entry names them — older than the grace period (a blob is committed
@@ -15,8 +23,14 @@ Order of work:
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+
+from diskcache.core import DBNAME
+
+from .errors import DamagedCacheError
 
 if TYPE_CHECKING:
     from .store import Store
@@ -26,6 +40,7 @@ ORPHAN_GRACE_S = 600.0
 
 def collect(store: Store, *, size_limit: int | None, evict_tuned: bool, orphan_grace_s: float) -> dict[str, Any]:
     """Run the steps above; returns what was removed and whether the limit is met."""
+    _refuse_unless_whole(store)
     ns = store.namespaces
     bytes_before = ns.blobs.total_size()
     cutoff = time.time() - orphan_grace_s
@@ -78,6 +93,32 @@ def collect(store: Store, *, size_limit: int | None, evict_tuned: bool, orphan_g
         "size_limit": size_limit,
         "limit_met": size_limit is None or bytes_after <= size_limit,
     }
+
+
+def _refuse_unless_whole(store: Store) -> None:
+    """Raise DamagedCacheError, nothing removed, when an index is damaged or the compile index
+    is gone while blobs are stored: either way a referenced CUBIN would look like an orphan."""
+    if damaged := store.integrity():
+        name, detail = next(iter(damaged.items()))
+        raise DamagedCacheError(f"gc refuses to run: the {name} index is damaged ({detail.splitlines()[-1]}), so "
+                                f"intact CUBINs could look like orphans; nothing was removed; repair it first: "
+                                f"`ctbuild cache verify --repair --cache {store.path}`")
+    ns = store.namespaces
+    index = ns.compile.directory / DBNAME
+    if _holds_nothing(index) and (blobs := ns.blobs.count()):
+        raise DamagedCacheError(f"gc refuses to run: {index} is gone (deleted?) while {ns.blobs.directory} holds "
+                                f"{blobs} CUBINs, each of which would look like an orphan; nothing was removed. "
+                                f"`ctbuild cache verify --repair` cannot bring deleted entries back: restore "
+                                f"{ns.compile.directory} from a backup, or write the entries again (`ctbuild "
+                                f"precompile`, `ctbuild cache import`); gc then reclaims what no entry uses")
+
+
+def _holds_nothing(path: Path) -> bool:
+    """Whether an index file is absent or empty (an empty file opens as an empty database)."""
+    try:
+        return os.stat(path).st_size == 0
+    except FileNotFoundError:
+        return True
 
 
 def drop(store: Store, compile_keys: Sequence[str], tuning_keys: Sequence[str], *, dry_run: bool) -> dict[str, Any]:
