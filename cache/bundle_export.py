@@ -1,10 +1,12 @@
-"""Exporting a store to a bundle, in the format of :mod:`ctbuild.cache.bundle_format`.
+"""Exporting a store to a bundle, in the format of :mod:`ctbuild.cache.bundle_format`, and
+saying what an export left out.
 
 Export writes a temp file beside the target and renames it, so a failed export leaves no half
 bundle; members carry fixed metadata (mtime 0, uid 0), so an uncompressed bundle of the same
 entries has the same bytes. A bundle holds only what an import would accept: an entry whose CUBIN
 is missing or corrupt, a tuning record whose winner is not exported, a stored value that cannot be
-read is left out, and listed in the result.
+read is left out — and named (`left_out_line`), so that neither ``cache export`` nor ``cache push``
+(whose image layer is this bundle) reports a whole cache when it shipped part of one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from .user_files import replacing
 
 if TYPE_CHECKING:
     from .store import Store
+
+#: How many left-out keys a message names before "...".
+SHOWN_KEYS = 3
+
 
 def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: Sequence[str] | None,
                   sign_key: Key | None = None, sequence: int | None = None,
@@ -64,6 +70,19 @@ def export_bundle(store: Store, file: str | os.PathLike | IO[bytes], *, archs: S
         total = _write(store, out, compression, manifest, documents, digests, signing=(sign_key, sequence, expires))
     return {**counts, "bytes": total, "archs": manifest["archs"], "skipped": skipped, "unreadable": unreadable,
             "signed": sign_key is not None}
+
+
+def left_out_line(exported: dict[str, Any]) -> str | None:
+    """What an export (``export_bundle``'s result) left out, as one line for its command's output;
+    None when it left nothing out. A command that shipped part of the cache exits 1 with it."""
+    parts = []
+    if skipped := exported["skipped"]:
+        shown = ", ".join(skipped[:SHOWN_KEYS]) + (", ..." if len(skipped) > SHOWN_KEYS else "")
+        parts.append(f"{len(skipped)} entries whose CUBIN is missing, corrupt or unreadable, or tuning "
+                     f"records naming them ({shown})")
+    if exported["unreadable"]:
+        parts.append(f"{exported['unreadable']} stored values that could not be read or are malformed")
+    return f"left out {' and '.join(parts)}: see `ctbuild cache verify`" if parts else None
 
 
 def _write(store: Store, out: IO[bytes], compression: str, manifest: dict[str, Any],

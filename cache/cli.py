@@ -4,8 +4,8 @@ keygen (the cache as an OCI image: :mod:`ctbuild.cache.oci`).
 The main ``ctbuild`` CLI calls :func:`add_cache_parser` to register them and
 :func:`run_cache_command` to run them; ``python -m ctbuild.cache`` does the same
 with a parser of its own.
-Exit codes: 0 done, 1 ``verify`` found problems, ``rm`` matched nothing or ``export`` left
-entries out, 2 bad input or an unusable cache (the message says what and what to do).
+Exit codes: 0 done, 1 ``verify`` found problems, ``rm`` matched nothing or ``export`` or ``push``
+left entries out, 2 bad input or an unusable cache (the message says what and what to do).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .bundle import DEFAULT_LIMITS, read_key
+from .bundle_export import left_out_line
 from .bundle_limits import ImportLimits
 from .errors import CacheError
 from .layout import LAYOUT_FILE, is_writable
@@ -401,15 +402,8 @@ def _export(store: Store, args: argparse.Namespace) -> tuple[Any, str, int]:
     text = (f"wrote {args.file}: {r['compile_entries']} compile entries, {r['tuning_records']} tuning records, "
             f"{r['toolchains']} toolchains, {r['blobs']} CUBINs ({_size(r['bytes'])})"
             f"{', signed' if r['signed'] else ''}")
-    left_out = []
-    if r["skipped"]:
-        shown = ", ".join(r["skipped"][:3]) + (", ..." if len(r["skipped"]) > 3 else "")
-        left_out.append(f"{len(r['skipped'])} entries whose CUBIN is missing, corrupt or unreadable, or tuning "
-                        f"records naming them ({shown})")
-    if r["unreadable"]:
-        left_out.append(f"{r['unreadable']} stored values that could not be read or are malformed")
-    if left_out:  # a whole bundle of what is intact, but not the whole cache: exit 1, as verify
-        text += f"\nleft out {' and '.join(left_out)}: see `ctbuild cache verify`"
+    if left_out := left_out_line(r):  # a whole bundle of what is intact, but not the whole cache: exit 1
+        text += f"\n{left_out}"
     return r, text, 1 if left_out else 0
 
 

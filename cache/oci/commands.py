@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..bundle_export import left_out_line
 from ..bundle_limits import ImportLimits
 from ..errors import CacheError
 from ..signing import keygen, load_key
@@ -180,7 +181,9 @@ def run_push(store: Any, args: argparse.Namespace) -> tuple[Any, str, int]:
     text = (f"pushed {args.ref} to {target.describe()}: {r['digest']} ({r['compile_entries']} compile entries, "
             f"{r['tuning_records']} tuning records, archs {r['labels']['cache.ctbuild.image/archs']})"
             + (f", signed ({r['signature']})" if r["signature"] else ""))
-    return r, text, 0
+    if left_out := left_out_line(r):  # pushed what is intact, but not the whole cache: exit 1, as export
+        text += f"\n{left_out}"
+    return r, text, 1 if left_out else 0
 
 
 def run_pull(cache: Path, args: argparse.Namespace) -> tuple[Any, str, int]:

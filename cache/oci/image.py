@@ -52,7 +52,8 @@ MACHINES = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 def push(store: Any, target: Target, name: str, *, archs: Sequence[str] | None = None, key: Key | None = None,
          sequence: int | None = None, expires: float | None = None) -> dict[str, Any]:
     """Build the image of ``store`` (entries of ``archs`` only, if given), push it as ``name``,
-    and attach a signature made with ``key``. Returns the manifest digest and the labels."""
+    and attach a signature made with ``key``. Returns the manifest digest, the labels, and what
+    the layer's bundle left out (``skipped``, ``unreadable``: as `export_bundle` says them)."""
     if key is not None and key.algorithm == HMAC:
         raise CacheError(f"{key.path} is an HMAC secret; images are signed with an Ed25519 private key "
                          "(`ctbuild cache keygen`), HMAC secrets are for offline bundles")
@@ -85,7 +86,8 @@ def push(store: Any, target: Target, name: str, *, archs: Sequence[str] | None =
         document = sign(digest, key, sequence=sequence, expires=expires)
         signature = attach_signature(target, descriptor(OCI_MANIFEST, manifest), document)
     return {"digest": digest, "name": name, "labels": labels, "layer": layer, "signature": signature,
-            "compile_entries": exported["compile_entries"], "tuning_records": exported["tuning_records"]}
+            "compile_entries": exported["compile_entries"], "tuning_records": exported["tuning_records"],
+            "skipped": exported["skipped"], "unreadable": exported["unreadable"]}
 
 
 def _compress(source: Path, out_path: Path) -> tuple[str, dict[str, Any]]:
