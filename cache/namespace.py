@@ -129,6 +129,7 @@ class Namespace:
         (diskcache retries only its ``BEGIN IMMEDIATE``), and SQLite refuses such a statement at
         once, without waiting, when another writer commits between the statement's read and its
         write: with writers committing back to back, a process's first write failed so."""
+        self._refuse_odd_files()
         deadline = time.monotonic() + WRITE_TIMEOUT_S
         while True:
             try:
@@ -162,8 +163,7 @@ class Namespace:
             self._local.con = None
         if not os.path.lexists(self._db):
             return None
-        if not stat.S_ISREG(os.lstat(self._db).st_mode):  # a link (to /dev/zero, elsewhere), a FIFO: never opened
-            raise DamagedCacheError(f"{self._db} is not a regular file")
+        self._refuse_odd_files()
         try:
             con = sqlite3.connect(
                 f"{self._db.as_uri()}?{mode}", uri=True, timeout=READ_TIMEOUT_S, isolation_level=None,
@@ -178,6 +178,14 @@ class Namespace:
         with self._lock:
             self._connections.append((pid, con))
         return con
+
+    def _refuse_odd_files(self) -> None:
+        """`DamagedCacheError` where the index or its ``-wal``/``-shm`` file exists and is not a
+        regular file (a link to /dev/zero or elsewhere, a FIFO): SQLite would follow it, or block
+        on it for ever, so none is opened."""
+        for path in (str(self._db), f"{self._db}-wal", f"{self._db}-shm"):
+            if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+                raise DamagedCacheError(f"{path} is not a regular file")
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         con = self._con()

@@ -141,3 +141,21 @@ def test_writing_a_cache_that_cannot_be_written_says_so_without_api_words(tmp_pa
     with pytest.raises(ReadOnlyCacheError) as raised:
         Store(tmp_path / "file" / "cache", readonly=False)
     assert "readonly=False" not in str(raised.value) and "--cache" in str(raised.value)
+
+
+@pytest.mark.parametrize("side", ["-wal", "-shm"])
+def test_a_fifo_beside_an_index_is_damage_not_a_hang(tmp_path: Path, side: str) -> None:
+    """SQLite opens an index's -wal and -shm files itself, and blocks on a FIFO for ever: the
+    reader and the writer refuse them before connecting."""
+    with Store(tmp_path / "c") as store:
+        store.put_blob(CUBIN)
+    os.mkfifo(tmp_path / "c" / "blobs" / f"cache.db{side}")
+    code = ("import sys\nfrom ctbuild.cache import Store\nfrom ctbuild.cache.errors import "
+            "DamagedCacheError\nwith Store(sys.argv[1], readonly=True) as s:\n"
+            "    print('READ', s.integrity())\ntry:\n    with Store(sys.argv[1]) as s:\n"
+            "        s.put_blob(b'x' * 64)\nexcept DamagedCacheError as exc:\n"
+            "    print('WRITE', exc)\n")
+    proc = run(code, str(tmp_path / "c"))
+    read, write = proc.stdout.splitlines()
+    assert "'blobs'" in read and "not a regular file" in read, (proc.stdout, proc.stderr)
+    assert write.startswith("WRITE") and write.endswith(f"cache.db{side} is not a regular file")
