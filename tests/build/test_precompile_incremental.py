@@ -55,6 +55,8 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path):
     base = ("--config", str(SMALL), "--cache", str(cache))
     bad, nope, mismatch = tmp_path / "bad.jsonl", tmp_path / "nope.jsonl", tmp_path / "mm.jsonl"
     bad.write_text(_record(64) + "\n{oops\n")
+    long = tmp_path / "long.jsonl"
+    long.write_text("x" * (65 * 1024))
     nope.write_text(json.dumps({"kernel": "nope", "workload": {}, "arch": "sm_90"}) + "\n")
     mismatch.write_text(json.dumps({"kernel": "scale", "workload": {"X": 1}, "arch": "sm_90"})
                         + "\n")
@@ -65,7 +67,8 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path):
         (("--report", str(tmp_path / "missing" / "r.json")), "does not exist"),
         (("--from-record", str(bad)), "bad.jsonl:2: not JSON"),
         (("--from-record", str(tmp_path / "nope.jsonl.absent")), "cannot read"),
-        (("--from-record", "/dev/zero"), "/dev/zero:1: line longer than 64 KiB"),
+        (("--from-record", "/dev/zero"), "/dev/zero is a character device, not a regular file"),
+        (("--from-record", str(long)), "long.jsonl:1: line longer than 64 KiB"),
         (("--from-record", str(nope)), "no kernel named 'nope'"),
         (("--from-record", str(mismatch)), "do not match scale's"),
     ]
