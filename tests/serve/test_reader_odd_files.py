@@ -30,7 +30,7 @@ def _cache(root: Path) -> Path:
 
 
 READER = """
-import json, logging, resource, sys
+import json, logging, sys
 from pathlib import Path
 from ctbuild.serve.cache_reader import CacheReader
 records = []
@@ -43,7 +43,8 @@ if reader is not None:
     out.update(hit=reader.get_compile("k1") is not None, has=reader.has_compile("k1"),
                damage=reader.damage)
 out.update(log=[r.getMessage() for r in records],
-           rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+           rss_mib=int(next(line for line in open('/proc/self/status')  # since exec
+                            if line.startswith('VmHWM')).split()[1]) // 1024)
 print(json.dumps(out))
 """
 
