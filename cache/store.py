@@ -25,7 +25,7 @@ import xxhash
 
 from . import bundle, eviction, integrity
 from .digest import digest_of, is_digest
-from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem
+from .entries import COMPILE_REQUIRED, TUNING_REQUIRED, entry_problem, fields_problem
 from .errors import (
     PERMISSION_HINT,
     CacheError,
@@ -232,6 +232,8 @@ class Store:
         self._require_writable("store a compile entry")
         digest = digest_of(cubin)
         entry = {**meta, "digest": digest, "symbol": symbol, "size": len(cubin), "created": time.time()}
+        if problem := fields_problem(entry, COMPILE_REQUIRED):  # readers would skip it: not stored
+            raise ValueError(f"compile entry for {key!r}: {problem}")
         text = dumps(entry, what="compile meta")
         self._store_blob(digest, cubin)
         self._ns.compile.set(key, text, tag=digest)
@@ -287,8 +289,11 @@ class Store:
         missing = [f for f in TUNING_REQUIRED if not isinstance(record.get(f), str) or not record[f]]
         if missing:
             raise ValueError(f"tuning record for {key!r} lacks non-empty str field(s) {missing}")
+        record = {**record, "created": time.time()}
+        if problem := fields_problem(record, TUNING_REQUIRED):  # readers would skip it: not stored
+            raise ValueError(f"tuning record for {key!r}: {problem}")
         self._require_writable("store a tuning record")
-        self._ns.tuning.set(key, dumps({**record, "created": time.time()}, what="tuning record"))
+        self._ns.tuning.set(key, dumps(record, what="tuning record"))
 
     def get_tuning(self, key: str) -> dict[str, Any] | None:
         found = self._read(self._ns.tuning, key)

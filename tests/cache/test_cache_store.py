@@ -63,7 +63,13 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path):
             store.put_compile("k", b"x", symbol="s", meta={"bad": object()})
         with pytest.raises(ValueError, match="compile_key"):
             store.put_tuning("t", {"kernel": "k", "arch": "sm_90"})
+        # what a reader would skip is not stored (fields_problem, shared with import and readers)
+        with pytest.raises(ValueError, match="field 'arch' is \\['sm_90'\\], not text"):
+            store.put_compile("k", b"x", symbol="s", meta={"kernel": "k", "arch": ["sm_90"]})
+        with pytest.raises(ValueError, match="field 'config' is 'x', not a JSON object"):
+            store.put_tuning("t", {"kernel": "k", "arch": "sm_90", "compile_key": "c", "config": "x"})
         assert store.stats()["blobs"] == 0 and not blob_files(tmp_path)
+        assert store.get_tuning("t") is None
 
 
 def test_flipped_byte_is_a_counted_logged_miss_and_quarantined(tmp_path, caplog):

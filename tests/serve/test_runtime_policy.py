@@ -166,9 +166,11 @@ def test_disable_autotune_ignores_records(store: Store, monkeypatch: pytest.Monk
 def test_stale_record_outside_the_space_is_a_miss(store: Store, cfg: Any) -> None:
     """A record naming a config the space does not hold (stale, or from a hostile shared
     cache: values no config has, or no config at all) is a miss, served by the default."""
-    key = record_for(store, "silu_mul", cfg)  # the store's own reads skip a malformed config
-    store.put_tuning(key, {"kernel": "silu_mul", "arch": "sm_90", "gpu": GPU, "config": cfg,
-                           "compile_key": "k" * 32, "by_class": {"N:n": {"config": cfg}}})
+    key = record_for(store, "silu_mul", {"TILE": 333, "occupancy": 2})
+    # as a hostile writer of a shared cache would, past the store's own checks
+    store.namespaces.tuning.set(key, json.dumps({
+        "kernel": "silu_mul", "arch": "sm_90", "gpu": GPU, "config": cfg, "compile_key": "k" * 32,
+        "by_class": {"N:n": {"config": cfg}}}))
     runtime.configure(store=store, mode="default")
     res = resolve("silu_mul")
     assert res.config_from == "default"
