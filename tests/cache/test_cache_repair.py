@@ -160,3 +160,17 @@ def test_an_unreadable_blob_directory_is_named_as_a_permission_problem(shared_di
     assert code == 1 and f"{blocked}: {HINT}" in text and f"chmod -R u+rwX {blocked}" in text, text
     assert "a permission problem, not damage" in text and "repaired 0" in text
     assert "re-run precompile" not in text and "removes them" not in text
+
+
+def test_a_namespace_it_may_not_read_is_a_permission_error_not_damage(shared_dir):
+    """``stats`` on a cache whose compile/ this user may not enter: exit 2 (the command could
+    not run) with who owns it and the fix; exit 1 is for what a command found (damage)."""
+    cache = build(shared_dir / "cache")
+    if os.getuid() == 0:
+        for path in [cache, *cache.rglob("*")]:
+            os.chown(path, NOBODY, NOBODY)
+    out = shared_dir / "out.txt"
+    os.chmod(cache / "compile", 0)
+    code, text = as_unprivileged(out, "stats", "--cache", str(cache))
+    assert code == 2 and "permission denied" in text and "damaged" not in text.lower(), text
+    os.chmod(cache / "compile", 0o700)
