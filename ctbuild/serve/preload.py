@@ -102,6 +102,8 @@ def _load(names: set[str] | None, wait_s: float) -> dict[str, Any]:
     from . import kernel_runtime  # noqa: F401 - the serving modules, imported here
     from .cache_reader import CacheReader
     from .context import context
+    if not torch.cuda.is_available():  # torch's own error says "not compiled with CUDA"
+        raise RuntimeError("no CUDA GPU visible to torch: nothing to load CUBINs onto")
     ctx = context()
     arch, gpu = ctx.device_info(torch.cuda.current_device())
     report: dict[str, Any] = {"arch": arch, "gpu": gpu, "records": 0, "cubins": 0, "bytes": 0,
