@@ -207,6 +207,8 @@ class _Verification:
                 continue
             try:
                 kind = _kind_of(blobs, info)
+                if kind == "regular file" and (size := _size_of(blobs, info)) != info.size:
+                    kind = f"file of {size} bytes where its row records {info.size}"  # not ours
                 data = blobs.value_of(info) if kind == "regular file" else None
             except UnsafeValueError as exc:
                 self.report("unsafe_value", blobs, info.key, str(exc))
@@ -393,6 +395,14 @@ def _kind_of(namespace: Namespace, info: RowInfo) -> str | None:
         return None
     except PermissionError:
         raise PermissionDeniedError(denied(path)) from None
+
+
+def _size_of(namespace: Namespace, info: RowInfo) -> int | None:
+    """The size of a row's value file, from its ``lstat`` (nothing is read)."""
+    try:
+        return os.lstat(namespace.directory / str(info.filename)).st_size
+    except FileNotFoundError:
+        return None
 
 
 def _check_readable(directory: Path) -> None:
