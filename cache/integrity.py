@@ -207,8 +207,6 @@ class _Verification:
                 continue
             try:
                 kind = _kind_of(blobs, info)
-                if kind == "regular file" and (size := _size_of(blobs, info)) != info.size:
-                    kind = f"file of {size} bytes where its row records {info.size}"  # not ours
                 data = blobs.value_of(info) if kind == "regular file" else None
             except UnsafeValueError as exc:
                 self.report("unsafe_value", blobs, info.key, str(exc))
@@ -385,24 +383,22 @@ def _read_value_file(path: Path) -> bytes | None:
 
 
 def _kind_of(namespace: Namespace, info: RowInfo) -> str | None:
-    """What a row's value file is ("regular file", "directory", ...; None: no file, or gone)."""
+    """What a row's value file is, from one ``lstat`` (nothing is read): "regular file" where it
+    is one of the size its row records, else what it is ("directory", ..., "file of N bytes
+    where its row records M": not what the cache wrote); None: no file, or gone."""
     if info.filename is None:
         return None
     path = namespace.directory / info.filename
     try:
-        return file_kind(os.lstat(path).st_mode)
+        found = os.lstat(path)
     except FileNotFoundError:
         return None
     except PermissionError:
         raise PermissionDeniedError(denied(path)) from None
-
-
-def _size_of(namespace: Namespace, info: RowInfo) -> int | None:
-    """The size of a row's value file, from its ``lstat`` (nothing is read)."""
-    try:
-        return os.lstat(namespace.directory / str(info.filename)).st_size
-    except FileNotFoundError:
-        return None
+    kind = file_kind(found.st_mode)
+    if kind == "regular file" and found.st_size != info.size:
+        return f"file of {found.st_size} bytes where its row records {info.size}"
+    return kind
 
 
 def _check_readable(directory: Path) -> None:
