@@ -41,6 +41,7 @@ from .errors import (
     ReadOnlyCacheError,
 )
 from .safe_disk import SafeDisk
+from .user_files import first_denied, index_files
 
 INLINE_LIMIT = 2**30  # JSON values stay inside their SQLite row: one row = one whole entry.
 READ_TIMEOUT_S = 5.0  # busy wait of our connection (WAL readers rarely wait; access-time updates may).
@@ -183,7 +184,7 @@ class Namespace:
         """`DamagedCacheError` where the index or its ``-wal``/``-shm`` file exists and is not a
         regular file (a link to /dev/zero or elsewhere, a FIFO): SQLite would follow it, or block
         on it for ever, so none is opened."""
-        for path in (str(self._db), f"{self._db}-wal", f"{self._db}-shm"):
+        for path in index_files(self._db):
             if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
                 raise DamagedCacheError(f"{path} is not a regular file")
 
@@ -206,14 +207,8 @@ class Namespace:
     def _raise_if_denied(self) -> None:
         """Tell "this user may not read the index" (PermissionDeniedError) from damage: SQLite
         says "unable to open database file" for both."""
-        for path in (self._db, Path(f"{self._db}-wal"), Path(f"{self._db}-shm")):
-            try:
-                with open(path, "rb"):
-                    pass
-            except PermissionError:
-                raise PermissionDeniedError(denied(path)) from None
-            except OSError:
-                continue
+        if (path := first_denied(index_files(self._db))) is not None:
+            raise PermissionDeniedError(denied(path))
 
     def quick_check(self) -> str | None:
         """What is wrong with the index (None: nothing): `layout_problem`, else what SQLite's

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -145,6 +145,25 @@ def refuse_odd(path: str | os.PathLike[str], *, what: str) -> None:
     except FileNotFoundError:
         return
     _refuse_odd(path, info, what)
+
+
+def index_files(db: str | os.PathLike[str]) -> tuple[Path, Path, Path]:
+    """A SQLite index and the ``-wal`` and ``-shm`` files SQLite opens beside it by itself."""
+    return Path(db), Path(f"{db}-wal"), Path(f"{db}-shm")
+
+
+def first_denied(paths: Iterable[Path]) -> Path | None:
+    """The first of ``paths`` this user may not open for reading (None: every one opens, or is
+    absent): SQLite says "unable to open database file" for that and for damage alike. Opened
+    non-blocking, so a FIFO among them cannot block."""
+    for path in paths:
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        except PermissionError:
+            return path
+        except OSError:
+            continue
+    return None
 
 
 def permission_problem(path: str | os.PathLike[str]) -> str:

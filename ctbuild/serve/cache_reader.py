@@ -37,6 +37,8 @@ import xxhash
 from ctbuild.cache.user_files import (
     FileTooLargeError,
     NotAFileError,
+    first_denied,
+    index_files,
     permission_problem,
     read_regular,
     refuse_odd,
@@ -279,7 +281,7 @@ class CacheReader:
         except sqlite3.Error as exc:
             if "no such table" in str(exc):
                 return []
-            denied = _unreadable(self._path / ns / DBNAME)
+            denied = first_denied(index_files(self._path / ns / DBNAME))
             if denied is not None:
                 self._denied(denied)
             else:
@@ -301,7 +303,7 @@ class CacheReader:
                 return found[0]
             if not _exists(db):
                 return None
-            for index in (db, wal, Path(f"{db}-shm")):
+            for index in index_files(db):
                 refuse_odd(index, what="a cache index")
             con = sqlite3.connect(f"{db.as_uri()}?{mode}", uri=True, timeout=READ_TIMEOUT_S,
                                   isolation_level=None, check_same_thread=False)
@@ -339,19 +341,6 @@ def _exists(path: Path) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return False
     return True
-
-
-def _unreadable(db: Path) -> Path | None:
-    """The first of an index's files this user may not open (SQLite says "unable to open
-    database file" for that and for damage alike); None when all open."""
-    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
-        try:
-            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
-        except PermissionError:
-            return path
-        except OSError:
-            continue
-    return None
 
 
 def _json_object(text: bytes | str) -> tuple[dict[str, Any] | None, str | None]:
